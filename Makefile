@@ -1,0 +1,46 @@
+# Polymorph developer entry points. Every target installs what it needs into .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: venv test lint typecheck unit demo e2e bench crds clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel of torch 2.13.0 is on local disk; ask for it first so nothing pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[engine,agent,dev]'
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check operator engine_image tests e2e bench
+	$(BIN)/ruff format --check operator engine_image tests e2e bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q tests e2e
+
+test: lint typecheck unit
+	$(BIN)/polymorph crds --check
+
+demo: venv
+	$(BIN)/polymorph compile
+
+e2e: venv
+	$(BIN)/pytest -q e2e
+
+bench: venv
+	$(BIN)/python bench/hot_vs_cold.py --model tiny --json
+
+crds: venv
+	$(BIN)/polymorph crds --output crds
+
+clean:
+	rm -rf $(VENV) .polymorph .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Polymorph data plane: the hot-reload inference engine, its builds, benchmark, server and agents."""
