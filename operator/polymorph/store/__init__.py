@@ -1,0 +1,113 @@
+"""Artifact store: builds, JSON documents and JSONL ledgers, in a local folder or S3.
+
+``open_store(uri)`` picks the implementation from a URI: nothing or a path gives a
+``LocalStore`` (default ``./.polymorph/store``, or ``$POLYMORPH_STORE``), and
+``s3://bucket/prefix`` gives an ``S3Store`` whose endpoint comes from
+``$POLYMORPH_S3_ENDPOINT`` or ``$AWS_ENDPOINT_URL`` and whose region comes from
+``$AWS_REGION`` or ``$AWS_DEFAULT_REGION``. A URI it cannot use is a ``UsageError``.
+
+Builds are content-addressed: see ``polymorph.store.archive`` for the canonical archive and
+the build id, ``polymorph.store.base`` for the contracts every store keeps, and
+``polymorph.store.layout`` for the keys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from polymorph.errors import StoreError, UsageError
+from polymorph.store.archive import (
+    MAX_BUILD_BYTES,
+    archive_build,
+    archive_id,
+    build_id,
+    canonical_tar,
+    check_build_id,
+    unpack_build,
+)
+from polymorph.store.base import JsonRecord, KeyNotFound, Store
+from polymorph.store.layout import (
+    build_archive_key,
+    build_manifest_key,
+    compilejob_prefix,
+    ledger_key,
+    progress_key,
+    result_key,
+    workload_prefix,
+)
+from polymorph.store.local import DEFAULT_LOCAL_STORE, LocalStore
+from polymorph.store.s3 import S3Store
+
+__all__ = [
+    "DEFAULT_LOCAL_STORE",
+    "MAX_BUILD_BYTES",
+    "JsonRecord",
+    "KeyNotFound",
+    "LocalStore",
+    "S3Store",
+    "Store",
+    "StoreError",
+    "archive_build",
+    "archive_id",
+    "build_archive_key",
+    "build_id",
+    "build_manifest_key",
+    "canonical_tar",
+    "check_build_id",
+    "compilejob_prefix",
+    "ledger_key",
+    "open_store",
+    "progress_key",
+    "result_key",
+    "unpack_build",
+    "workload_prefix",
+]
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _s3_store(uri: str, env: Mapping[str, str]) -> S3Store:
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise UsageError(
+            f"store URI {uri!r} names the bucket {bucket!r}; a bucket name is 3-63 lowercase letters, digits, dots or hyphens"
+        )
+    endpoint = env.get("POLYMORPH_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL") or None
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
+    try:
+        return S3Store(bucket, prefix=prefix, endpoint_url=endpoint, region=region)
+    except StoreError as exc:
+        raise UsageError(f"store URI {uri!r} is not usable: {exc}") from None
+    except ValueError as exc:  # botocore rejects a malformed endpoint URL with a ValueError
+        raise UsageError(
+            f"the S3 endpoint {endpoint!r} for store {uri!r} is not a valid URL ({exc})"
+        ) from None
+
+
+def open_store(uri: str | None = None, env: Mapping[str, str] | None = None) -> Store:
+    """The store at ``uri``: a local path, ``file:///path`` or ``s3://bucket/prefix``.
+
+    ``None`` means ``$POLYMORPH_STORE``, else ``./.polymorph/store``. ``env`` defaults to
+    ``os.environ``; it is a parameter so callers and tests can pass their own.
+    """
+    env = os.environ if env is None else env
+    if uri is None:
+        uri = env.get("POLYMORPH_STORE") or str(DEFAULT_LOCAL_STORE)
+    if not uri.strip():
+        raise UsageError("the store URI is empty; use a local path or s3://bucket/prefix")
+    if uri.startswith("s3://"):
+        return _s3_store(uri, env)
+    if uri.startswith("file://"):
+        path = uri[len("file://") :]
+        if not path.startswith("/"):
+            raise UsageError(f"store URI {uri!r} must be file:///absolute/path")
+        return LocalStore(Path(path))
+    if "://" in uri:
+        scheme = uri.split("://", 1)[0]
+        raise UsageError(
+            f"store URI {uri!r} uses the unsupported scheme {scheme}://; use a local path or s3://bucket/prefix"
+        )
+    return LocalStore(Path(uri))
