@@ -1,0 +1,156 @@
+"""The offline search agent: explores the knobs the base build declares, noise-aware.
+
+Plan (pure functions below, the agent only walks it):
+1. the baseline (the campaign runs it on every sandbox, because figures only compare
+   within one engine);
+2. sweep: every knob set to each of its non-default choices, one knob at a time;
+3. greedy combination: starting from the baseline, apply the sweep's single-knob changes
+   in order of measured speedup, keeping a change only when the combination beats the
+   current configuration beyond noise;
+4. local refinement: from the current configuration, try each knob's neighbouring choices
+   (one step along its declared list), move to the first that beats it beyond noise, and
+   repeat until a full pass finds nothing.
+
+A configuration is a full assignment ``{knob: value}``; its key is its canonical JSON.
+The agent never runs a key twice. Sandbox ``i`` of ``n`` owns the configurations whose
+key hashes (sha256) to ``i`` mod ``n``, and runs only those (plus the shared baseline),
+so sandboxes explore disjoint shares. Combinations and refinements a sandbox does not own
+are skipped by it. "Beats beyond noise" is ``campaign.compare(...).significant`` with a
+factor of 1: better even when both measurements sit at the unfavourable edge of their
+spread. Budget and deadline are the campaign's: ``run_experiment`` raises when spent.
+
+It knows nothing about the store, the ledger or how builds run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from polymorph.api import ExperimentRecord
+from polymorph_engine.agents.base import CampaignContext
+
+__all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep"]
+
+Config = dict[str, Any]
+
+
+def config_key(config: Config) -> str:
+    """The canonical JSON of a configuration."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def owner(config: Config, sandboxes: int) -> int:
+    """The sandbox that owns ``config``: a stable hash of its key, mod ``sandboxes``."""
+    digest = hashlib.sha256(config_key(config).encode()).hexdigest()
+    return int(digest[:12], 16) % sandboxes
+
+
+def sweep(defaults: Config, choices: Mapping[str, Sequence[Any]]) -> list[Config]:
+    """Every configuration that differs from ``defaults`` in exactly one knob, knob by knob."""
+    out = []
+    for name in sorted(choices):
+        for value in choices[name]:
+            if value != defaults[name]:
+                out.append(defaults | {name: value})
+    return out
+
+
+def neighbours(config: Config, choices: Mapping[str, Sequence[Any]]) -> list[Config]:
+    """Configurations one step away along one knob's declared list of choices."""
+    out = []
+    for name in sorted(choices):
+        values = list(choices[name])
+        if config[name] not in values:
+            continue
+        i = values.index(config[name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(values):
+                out.append(config | {name: values[j]})
+    return out
+
+
+class SearchAgent:
+    """Baseline, one knob at a time, greedy combination, local refinement."""
+
+    name = "search"
+
+    def __init__(self) -> None:
+        self.tried: dict[str, ExperimentRecord] = {}
+
+    def run(self, ctx: CampaignContext) -> str:
+        from polymorph_engine.buildspec import read_build
+
+        spec = read_build(ctx.base_dir)
+        choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
+        defaults: Config = {name: knob.default for name, knob in spec.knobs.items()}
+        if not choices:
+            return "the base build declares no knobs, so there is nothing to search"
+        base_key = config_key(defaults)
+        self.tried[base_key] = ctx.baseline
+
+        # 2. Sweep one knob at a time.
+        singles: list[tuple[float, Config, ExperimentRecord]] = []
+        for config in sweep(defaults, choices):
+            record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}")
+            cmp = ctx.compare(record) if record is not None else None
+            if record is not None and cmp is not None and cmp.speedup > 1:
+                singles.append((cmp.speedup, config, record))
+        singles.sort(key=lambda s: -s[0])
+
+        # 3. Greedy combination of the winners.
+        current, current_rec = defaults, ctx.baseline
+        for _, config, record in singles:
+            changed = {k: v for k, v in config.items() if v != defaults[k]}
+            candidate = current | changed
+            if candidate == current:
+                continue
+            cand_rec = (
+                record
+                if candidate == config
+                else self._attempt(ctx, candidate, f"combine: {_diff(defaults, candidate)}")
+            )
+            if cand_rec is not None and self._improves(ctx, cand_rec, current_rec):
+                current, current_rec = candidate, cand_rec
+
+        # 4. Local refinement around the current configuration.
+        improved = True
+        while improved:
+            improved = False
+            for candidate in neighbours(current, choices):
+                cand_rec = self._attempt(ctx, candidate, f"refine: {_diff(defaults, candidate)}")
+                if cand_rec is not None and self._improves(ctx, cand_rec, current_rec):
+                    current, current_rec = candidate, cand_rec
+                    improved = True
+                    break
+        cmp = ctx.compare(current_rec)
+        found = f"{cmp.speedup:.2f}x" if cmp is not None else "no gain"
+        return f"search space exhausted after {len(self.tried)} configurations; best {_diff(defaults, current) or 'baseline'} ({found})"
+
+    def _improves(self, ctx: CampaignContext, candidate: ExperimentRecord, current: ExperimentRecord) -> bool:
+        cmp = ctx.compare(candidate, current)
+        return cmp is not None and cmp.significant
+
+    def _attempt(self, ctx: CampaignContext, config: Config, description: str) -> ExperimentRecord | None:
+        """Run ``config`` unless it ran already or another sandbox owns it."""
+        from polymorph_engine.buildspec import knob_variant
+
+        key = config_key(config)
+        if key in self.tried:
+            return self.tried[key]
+        if owner(config, ctx.sandboxes) != ctx.sandbox:
+            return None
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        dest = Path(ctx.workdir) / f"search-{digest}"
+        build_dir = dest if dest.exists() else knob_variant(ctx.base_dir, config, dest)
+        record = ctx.run_experiment(build_dir, description=description)
+        self.tried[key] = record
+        ctx.log(f"{description}: {record.status}")
+        return record
+
+
+def _diff(defaults: Config, config: Config) -> str:
+    return ", ".join(f"{k}={config[k]}" for k in sorted(config) if config[k] != defaults.get(k))

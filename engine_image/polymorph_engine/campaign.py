@@ -1,0 +1,594 @@
+"""A compile campaign: an agent proposes builds, a runner measures them, a ledger remembers them.
+
+The functional core (``objective_value``, ``violations``, ``compare``, ``select_result``,
+``counts``, ``budget_share``) is pure and works on records. ``Campaign`` is the shell: it
+runs the baseline, hands the agent a ``CampaignContext``, appends every experiment to the
+ledger, keeps the progress document current, stores each new best build with its manifest
+and finally writes ``result.json``.
+
+The winning rule, noise-aware. Let ``v`` and ``b`` be the candidate's and the baseline's
+objective values and ``nv``, ``nb`` their relative noise (``Figures.noise``: (max - min) /
+median over benchmark repeats). A candidate wins when, for maximised metrics (tok/s),
+``v * (1 - nv) > b * (1 + nb) * minSpeedup``, and for minimised metrics (latency),
+``v * (1 + nv) * minSpeedup < b * (1 - nb)``: it must still be ``minSpeedup`` times better
+when both measurements sit at the unfavourable edge of their spread. It must also have
+passed verification and honour every objective constraint. Among winners the highest
+speedup is the result; otherwise the result is an explicit "no improvement".
+
+Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbox ``i`` of
+``n`` may run its share (``budget_share``). The deadline counts campaign time across runs
+(each run adds its elapsed time to the progress document), so a campaign resumed after a
+kill neither restarts its clock nor loses the time it already spent. An experiment whose
+``(build id, workload hash)`` is already in the ledger is never run again: its recorded
+result is returned, which lets a deterministic agent replay its path for free.
+
+Several sandboxes. Each sandbox measures its own baseline (figures are only comparable
+within one engine on one host) and compares its candidates with it. The result is chosen
+from every ledger of the campaign, so whichever sandbox finishes last writes the full
+result.
+
+It knows nothing about how an experiment runs (the runner does) or how agents decide.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from polymorph.api import Budget, BuildManifest, ExperimentRecord, Figures, Gates, Objective, WorkloadProfile
+from polymorph.api.build import TokenUsage
+from polymorph.api.common import Constraint, parse_duration
+from polymorph.store import Store, build_archive_key, build_id
+from polymorph_engine.agents.base import Agent, AgentError, BudgetExhausted, Comparison, StopReason
+from polymorph_engine.ledger import CampaignPaths, Ledger
+
+__all__ = [
+    "Campaign",
+    "CampaignOutcome",
+    "CampaignSettings",
+    "Runner",
+    "budget_share",
+    "compare",
+    "counts",
+    "objective_value",
+    "select_result",
+    "violations",
+]
+
+_OBJECTIVE_FIELD = {
+    "outputTokensPerSecond": "outputTokensPerSecond",
+    "totalTokensPerSecond": "totalTokensPerSecond",
+    "ttftP95": "ttftP95Ms",
+    "itlP95": "itlP95Ms",
+}
+
+
+class Runner(Protocol):
+    """Anything that runs one build through verification and benchmark (``ExperimentRunner``)."""
+
+    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional core
+# ---------------------------------------------------------------------------------------------
+
+
+def objective_value(figures: Figures, objective: Objective) -> float:
+    """The figure the objective optimises (tok/s, or a p95 latency in ms)."""
+    return float(getattr(figures, _OBJECTIVE_FIELD[objective.metric]))
+
+
+def violations(figures: Figures, constraints: Iterable[Constraint]) -> list[str]:
+    """One line per objective constraint ``figures`` breaks (empty when all hold)."""
+    broken = []
+    for c in constraints:
+        value = float(getattr(figures, c.metric))
+        if c.max is not None and value > c.max:
+            broken.append(f"{c.metric} {value:.3g} > max {c.max:g}")
+        if c.min is not None and value < c.min:
+            broken.append(f"{c.metric} {value:.3g} < min {c.min:g}")
+    return broken
+
+
+def compare(
+    candidate: Figures, baseline: Figures, objective: Objective, min_speedup: float = 1.0
+) -> Comparison:
+    """Candidate versus baseline on the objective; ``significant`` applies the module's winning rule."""
+    v, b = objective_value(candidate, objective), objective_value(baseline, objective)
+    nv, nb = candidate.noise, baseline.noise
+    if v <= 0 or b <= 0:
+        return Comparison(v, b, 0.0, nv + nb, False)
+    if objective.maximize:
+        speedup = v / b
+        significant = v * (1 - nv) > b * (1 + nb) * min_speedup
+    else:
+        speedup = b / v
+        significant = v * (1 + nv) * min_speedup < b * (1 - nb)
+    return Comparison(v, b, speedup, nv + nb, significant)
+
+
+def eligible(record: ExperimentRecord, objective: Objective) -> bool:
+    """Passed, has figures and honours every constraint."""
+    return (
+        record.status == "passed"
+        and record.figures is not None
+        and not violations(record.figures, objective.constraints)
+    )
+
+
+def counts(records: Iterable[ExperimentRecord]) -> dict[str, int]:
+    """Experiments by status, plus ``total``."""
+    by_status = Counter(r.status for r in records)
+    out = {s: by_status.get(s, 0) for s in ("passed", "rejected", "failed", "crashed", "timeout")}
+    out["total"] = sum(by_status.values())
+    return out
+
+
+def budget_share(max_experiments: int, sandboxes: int, sandbox: int) -> int:
+    """Sandbox ``sandbox``'s share of the campaign's experiments (shares differ by at most one)."""
+    return max_experiments // sandboxes + (1 if sandbox < max_experiments % sandboxes else 0)
+
+
+def _summary(record: ExperimentRecord, objective: Objective) -> dict[str, Any]:
+    assert record.figures is not None
+    return {
+        "build": record.build,
+        "value": objective_value(record.figures, objective),
+        "noise": record.figures.noise,
+        "sandbox": record.sandbox,
+        "figures": record.figures.model_dump(mode="json"),
+    }
+
+
+def select_result(
+    ledgers: dict[int, list[ExperimentRecord]], base_build: str, objective: Objective, gates: Gates
+) -> dict[str, Any]:
+    """The campaign's result from the ledgers of all its sandboxes (a JSON-ready document).
+
+    ``state`` is ``improved`` (``best`` set), ``noImprovement`` (``best`` null; ``bestCandidate``
+    names the closest miss) or ``noBaseline`` (no sandbox's baseline passed).
+    """
+    all_records = [r for records in ledgers.values() for r in records]
+    doc: dict[str, Any] = {
+        "objective": objective.model_dump(mode="json"),
+        "minSpeedup": gates.minSpeedup,
+        "baseBuild": base_build,
+        "experiments": counts(all_records),
+        "baseline": None,
+        "best": None,
+        "bestCandidate": None,
+    }
+    baselines = {
+        sandbox: next((r for r in records if r.build == base_build and eligible(r, objective)), None)
+        for sandbox, records in ledgers.items()
+    }
+    if not any(baselines.values()):
+        doc["state"] = "noBaseline"
+        doc["message"] = (
+            "the base build did not pass verification and benchmark, so nothing could be compared"
+        )
+        return doc
+    scored: list[tuple[Comparison, ExperimentRecord, ExperimentRecord]] = []
+    for sandbox, records in ledgers.items():
+        base = baselines[sandbox]
+        if base is None or base.figures is None:
+            continue
+        for r in records:
+            if r.build != base_build and eligible(r, objective) and r.figures is not None:
+                scored.append((compare(r.figures, base.figures, objective, gates.minSpeedup), r, base))
+    first_base = next(b for b in baselines.values() if b is not None)
+    doc["baseline"] = _summary(first_base, objective)
+    winners = [s for s in scored if s[0].significant]
+    if winners:
+        cmp, rec, base = max(winners, key=lambda s: s[0].speedup)
+        doc["state"] = "improved"
+        doc["baseline"] = _summary(base, objective)
+        doc["best"] = _summary(rec, objective) | {
+            "speedup": cmp.speedup,
+            "speedupNoise": cmp.noise,
+            "knobs": rec.knobs,
+        }
+        doc["message"] = (
+            f"{rec.build} is {cmp.speedup:.2f}x the baseline on {objective.metric} "
+            f"(±{cmp.noise * 100:.0f}% noise, gate {gates.minSpeedup:g}x)"
+        )
+        return doc
+    doc["state"] = "noImprovement"
+    if scored:
+        cmp, rec, _ = max(scored, key=lambda s: s[0].speedup)
+        doc["bestCandidate"] = _summary(rec, objective) | {"speedup": cmp.speedup, "speedupNoise": cmp.noise}
+        doc["message"] = (
+            f"no improvement: the best candidate reached {cmp.speedup:.2f}x ±{cmp.noise * 100:.0f}%, "
+            f"not beyond noise and the {gates.minSpeedup:g}x gate"
+        )
+    else:
+        doc["message"] = "no improvement: no candidate passed verification, benchmark and constraints"
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# Shell
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CampaignSettings:
+    """Everything that defines one sandbox's share of a campaign."""
+
+    paths: CampaignPaths
+    base_dir: Path
+    base_build: str
+    """``reference`` or a build id: how the campaign's spec names its base build (ledgers use the content id)."""
+    workload: WorkloadProfile | None
+    """The profile the campaign tunes for (None for a trace without one); goes into manifests."""
+    workload_hash: str
+    """Identifies the benchmark workload in the ledger (the profile digest or the trace hash)."""
+    objective: Objective = field(default_factory=Objective)
+    gates: Gates = field(default_factory=Gates)
+    budget: Budget = field(default_factory=Budget)
+    sandbox: int = 0
+    model: str = ""
+    hardware: str = ""
+    agent: str = ""
+
+
+@dataclass
+class CampaignOutcome:
+    """What one run of a campaign did, for the caller's report."""
+
+    result: dict[str, Any]
+    progress: dict[str, Any]
+    stopReason: StopReason
+    message: str
+    ranThisSession: int
+    fromLedger: int
+    sessionSeconds: float
+    records: list[ExperimentRecord]
+    bestUri: str | None = None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class Campaign:
+    """One sandbox of a campaign. ``run(agent)`` is resumable: run it again after a kill."""
+
+    def __init__(
+        self,
+        settings: CampaignSettings,
+        store: Store,
+        runner: Runner,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_record: Callable[[ExperimentRecord, bool, dict[str, Any]], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.runner = runner
+        self.clock = clock
+        self.on_record = on_record
+        self._log = log or (lambda _msg: None)
+        self.ledger = Ledger(store, settings.paths.ledger(settings.sandbox))
+        self.share = budget_share(settings.budget.maxExperiments, settings.budget.sandboxes, settings.sandbox)
+        self.deadline_s = parse_duration(settings.budget.deadline)
+        self.workload_hash = settings.workload_hash
+        self.base_id = build_id(settings.base_dir)
+        previous = self._read_progress()
+        self.prior_elapsed = float(previous.get("elapsedS", 0.0)) if previous else 0.0
+        self.started_at = str(previous.get("startedAt", _now())) if previous else _now()
+        self.tokens = TokenUsage.model_validate(previous.get("tokens", {})) if previous else TokenUsage()
+        self._session_start = clock()
+        self._ran = 0
+        self._cached = 0
+        self._dirs: dict[str, Path] = {}
+        self._stored: set[str] = set()
+        self._tmp = Path(tempfile.mkdtemp(prefix="polymorph-campaign-"))
+        self.workdir = self._tmp / "work"
+        self.workdir.mkdir()
+        self._baseline: ExperimentRecord | None = None
+        self.state = "running"
+        self.stop_reason: StopReason | None = None
+        self.message = ""
+
+    # --- clock and budget -------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        """Campaign seconds so far, across every run of it."""
+        return self.prior_elapsed + (self.clock() - self._session_start)
+
+    def experiments_left(self) -> int:
+        return max(0, self.share - len(self.ledger))
+
+    def _check_budget(self) -> None:
+        if len(self.ledger) >= self.share:
+            raise BudgetExhausted(
+                "maxExperiments", f"the experiment budget ({self.share} for this sandbox) is spent"
+            )
+        if self.elapsed() >= self.deadline_s:
+            raise BudgetExhausted("deadline", f"the deadline ({self.settings.budget.deadline}) has passed")
+
+    # --- experiments ------------------------------------------------------------------------
+
+    def run_experiment(
+        self, build_dir: Path, *, description: str = "", usage: TokenUsage | None = None
+    ) -> ExperimentRecord:
+        bid = build_id(build_dir)
+        self._dirs.setdefault(bid, build_dir)
+        if usage is not None:
+            self.tokens = TokenUsage(
+                inputTokens=self.tokens.inputTokens + usage.inputTokens,
+                outputTokens=self.tokens.outputTokens + usage.outputTokens,
+            )
+        recorded = self.ledger.find(bid, self.workload_hash)
+        if recorded is not None:
+            self._cached += 1
+            if self.on_record is not None:
+                self.on_record(recorded, True, self.progress())
+            return recorded
+        self._check_budget()
+        started = datetime.now(UTC)
+        record = self.runner.run(build_dir, description=description)
+        knobs = record.knobs or self._knobs_of(build_dir)
+        record = record.model_copy(
+            update={
+                "build": bid,
+                "workloadHash": self.workload_hash,
+                "description": description or record.description,
+                "sandbox": self.settings.sandbox,
+                "agent": self.settings.agent,
+                "usage": usage,
+                "knobs": knobs,
+                "startedAt": started,
+            }
+        )
+        self.ledger.append(record)
+        self._ran += 1
+        if bid != self.base_id and eligible(record, self.settings.objective):
+            self._store_if_best(record, build_dir)
+        self._write_progress()
+        if self.on_record is not None:
+            self.on_record(record, False, self.progress())
+        return record
+
+    def _knobs_of(self, build_dir: Path) -> dict[str, Any]:
+        try:
+            from polymorph_engine.buildspec import read_build
+
+            spec = read_build(build_dir)
+            return {name: knob.default for name, knob in spec.knobs.items()}
+        except Exception:  # a malformed agent-written build: the runner reports why
+            return {}
+
+    def _store_if_best(self, record: ExperimentRecord, build_dir: Path) -> None:
+        if self.best().build == record.build:
+            self._put_build(record, build_dir)
+
+    def _put_build(self, record: ExperimentRecord, build_dir: Path) -> None:
+        """Store ``build_dir`` with its manifest: parent, knobs, the workload it was tuned for, figures."""
+        if record.build in self._stored:
+            return
+        name, parent = record.name, record.parent
+        try:
+            from polymorph_engine.buildspec import read_build
+
+            spec = read_build(build_dir)
+            name, parent = name or spec.name, parent or spec.parent
+        except Exception:
+            pass
+        manifest = BuildManifest(
+            id=record.build,
+            name=name or "candidate",
+            parent=parent or self.base_id,
+            description=record.description,
+            knobs=record.knobs,
+            model=self.settings.model,
+            hardware=self.settings.hardware,
+            workload=self.settings.workload,
+            figures=record.figures,
+        )
+        self.store.put_build(build_dir, manifest)
+        self._stored.add(record.build)
+
+    # --- what agents see --------------------------------------------------------------------
+
+    @property
+    def baseline(self) -> ExperimentRecord:
+        if self._baseline is None:
+            raise RuntimeError("the baseline has not run yet")
+        return self._baseline
+
+    def eligible(self, record: ExperimentRecord) -> bool:
+        return eligible(record, self.settings.objective)
+
+    def compare(self, record: ExperimentRecord, against: ExperimentRecord | None = None) -> Comparison | None:
+        other = against if against is not None else self._baseline
+        if other is None or not self.eligible(record) or not self.eligible(other):
+            return None
+        assert record.figures is not None and other.figures is not None
+        return compare(record.figures, other.figures, self.settings.objective)
+
+    def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
+        good = [r for r in self.ledger.records if self.eligible(r) and r.figures is not None]
+        sign = -1.0 if self.settings.objective.maximize else 1.0
+        good.sort(key=lambda r: sign * objective_value(r.figures, self.settings.objective))
+        return good[:limit]
+
+    def best(self) -> ExperimentRecord:
+        board = self.leaderboard(1)
+        return board[0] if board else self.baseline
+
+    def best_dir(self) -> Path:
+        best = self.best()
+        if best.build == self.base_id:
+            return self.settings.base_dir
+        if best.build not in self._dirs:
+            dest = self._tmp / "fetched" / best.build.replace(":", "-")
+            self._dirs[best.build] = self.store.get_build(best.build, dest)
+        return self._dirs[best.build]
+
+    @property
+    def sandbox(self) -> int:
+        return self.settings.sandbox
+
+    @property
+    def sandboxes(self) -> int:
+        return self.settings.budget.sandboxes
+
+    @property
+    def base_dir(self) -> Path:
+        return self.settings.base_dir
+
+    @property
+    def workload(self) -> WorkloadProfile | None:
+        return self.settings.workload
+
+    @property
+    def objective(self) -> Objective:
+        return self.settings.objective
+
+    @property
+    def gates(self) -> Gates:
+        return self.settings.gates
+
+    @property
+    def hardware(self) -> str:
+        return self.settings.hardware
+
+    def log(self, message: str) -> None:
+        self._log(message)
+
+    # --- progress and result ----------------------------------------------------------------
+
+    def _read_progress(self) -> dict[str, Any] | None:
+        key = self.settings.paths.progress(self.settings.sandbox)
+        if not self.store.exists(key):
+            return None
+        doc = self.store.get_json(key)
+        return doc if isinstance(doc, dict) else None
+
+    def progress(self) -> dict[str, Any]:
+        """The progress document of this sandbox (what the operator shows in CompileJob status)."""
+        objective = self.settings.objective
+        base = self._baseline
+        best = self.best() if base is not None else None
+        doc: dict[str, Any] = {
+            "sandbox": self.settings.sandbox,
+            "sandboxes": self.settings.budget.sandboxes,
+            "agent": self.settings.agent,
+            "state": self.state,
+            "stopReason": self.stop_reason,
+            "message": self.message,
+            "counts": counts(self.ledger.records),
+            "baseline": _summary(base, objective) if base is not None and self.eligible(base) else None,
+            "best": None,
+            "startedAt": self.started_at,
+            "updatedAt": _now(),
+            "elapsedS": round(self.elapsed(), 3),
+            "budget": {
+                "maxExperiments": self.share,
+                "experimentsLeft": self.experiments_left(),
+                "deadlineS": self.deadline_s,
+                "secondsLeft": round(max(0.0, self.deadline_s - self.elapsed()), 3),
+            },
+            "tokens": self.tokens.model_dump(mode="json"),
+            "workloadHash": self.workload_hash,
+        }
+        if best is not None and base is not None and best.figures is not None and base.figures is not None:
+            cmp = compare(best.figures, base.figures, objective, self.settings.gates.minSpeedup)
+            doc["best"] = _summary(best, objective) | {
+                "speedup": cmp.speedup,
+                "speedupNoise": cmp.noise,
+                "significant": cmp.significant,
+            }
+        return doc
+
+    def _write_progress(self) -> None:
+        self.store.put_json(self.settings.paths.progress(self.settings.sandbox), self.progress())
+
+    def _all_ledgers(self) -> dict[int, list[ExperimentRecord]]:
+        ledgers: dict[int, list[ExperimentRecord]] = {self.settings.sandbox: list(self.ledger.records)}
+        for i in range(self.settings.budget.sandboxes):
+            key = self.settings.paths.ledger(i)
+            if i != self.settings.sandbox and self.store.exists(key):
+                ledgers[i] = [ExperimentRecord.model_validate(x) for x in self.store.read_jsonl(key)]
+        return ledgers
+
+    # --- the campaign -----------------------------------------------------------------------
+
+    def run(self, agent: Agent) -> CampaignOutcome:
+        """Baseline, then the agent, until it finishes or a budget runs out; then the result."""
+        try:
+            return self._run(agent)
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _run(self, agent: Agent) -> CampaignOutcome:
+        stop: StopReason = "finished"
+        message = ""
+        try:
+            base = self.run_experiment(
+                self.settings.base_dir, description="baseline: the base build as it is"
+            )
+            self._baseline = base
+            if not self.eligible(base):
+                stop = "baselineFailed"
+                why = base.error or base.status
+                message = f"the base build did not pass ({why}), so no candidate can be compared with it"
+            else:
+                message = agent.run(self) or "the agent finished"
+        except BudgetExhausted as exc:
+            stop, message = exc.reason, str(exc)
+        except AgentError as exc:
+            stop, message = "agentError", str(exc)
+        self.state = (
+            "failed" if stop in ("agentError", "baselineFailed") and self._baseline is None else "finished"
+        )
+        self.stop_reason = stop
+        self.message = message
+        self._write_progress()
+        result = select_result(
+            self._all_ledgers(), self.base_id, self.settings.objective, self.settings.gates
+        )
+        result["baseBuildName"] = self.settings.base_build
+        result["stopReason"] = stop
+        result["stopMessage"] = message
+        result["workload"] = (
+            self.settings.workload.model_dump(mode="json") if self.settings.workload else None
+        )
+        result["workloadHash"] = self.workload_hash
+        best_uri = None
+        if result["best"] is not None:
+            best_id = result["best"]["build"]
+            # Each running-best build is stored as it is found; store the winner here too in case
+            # an earlier run was killed between its ledger line and its store write.
+            record = self.ledger.find(best_id, self.workload_hash)
+            if record is not None and best_id in self._dirs:
+                self._put_build(record, self._dirs[best_id])
+            best_uri = _build_uri(self.store, best_id)
+            result["best"]["uri"] = best_uri
+        self.store.put_json(self.settings.paths.result, result)
+        return CampaignOutcome(
+            result=result,
+            progress=self.progress(),
+            stopReason=stop,
+            message=message,
+            ranThisSession=self._ran,
+            fromLedger=self._cached,
+            sessionSeconds=self.clock() - self._session_start,
+            records=list(self.ledger.records),
+            bestUri=best_uri,
+        )
+
+
+def _build_uri(store: Store, build: str) -> str:
+    return store.uri_for(build_archive_key(build))
