@@ -1,0 +1,211 @@
+"""Prometheus metrics of one serving engine, in a registry owned by that server (never the global one).
+
+Contract: ``ServerMetrics`` accumulates per-request observations (prompt and generation token
+counts, time to first token, inter-token latencies, outcome) and the number of requests in
+flight, and renders them in the Prometheus text format. Every series carries the labels
+``build`` (the id of the build serving when the request finished) and ``model_deployment``.
+
+Exposed families (the operator's PromQL depends on these names):
+- histograms ``polymorph_prompt_tokens``, ``polymorph_generation_tokens``,
+  ``polymorph_time_to_first_token_seconds``, ``polymorph_inter_token_latency_seconds``;
+- counters ``polymorph_requests_total{status="ok|error"}``, ``polymorph_prompt_tokens_total``,
+  ``polymorph_generation_tokens_total``;
+- gauge ``polymorph_requests_in_flight``;
+- histogram ``polymorph_decode_batch_size`` (requests per decode step; shows batching at work).
+
+The histogram and the counter of prompt tokens share a stem, which the stock metric classes
+of prometheus_client refuse to register twice, so this module keeps its own thread-safe
+accumulators and exposes them through one custom collector. It knows nothing about HTTP,
+models or schedulers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "HistogramData", "RequestObservation", "ServerMetrics"]
+
+TOKEN_BUCKETS: tuple[float, ...] = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+TTFT_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+ITL_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+@dataclass
+class HistogramData:
+    """A Prometheus-style histogram: ``counts[i]`` observations fell in ``(bounds[i-1], bounds[i]]``,
+    and the last count (one more than there are bounds) is the ``+Inf`` overflow."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` pairs ending with ``+Inf``, as Prometheus exposes them."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(running)))
+        return out
+
+
+@dataclass(frozen=True)
+class RequestObservation:
+    """What the server saw of one finished request. ``itls`` are the gaps between successive tokens."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    ttft_s: float | None
+    itls_s: Sequence[float]
+    ok: bool
+
+
+@dataclass
+class _Series:
+    prompt: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
+    generation: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
+    ttft: HistogramData = field(default_factory=lambda: HistogramData(TTFT_BUCKETS))
+    itl: HistogramData = field(default_factory=lambda: HistogramData(ITL_BUCKETS))
+    ok: int = 0
+    error: int = 0
+    prompt_total: int = 0
+    generation_total: int = 0
+
+
+class ServerMetrics:
+    """Thread-safe accumulators plus a private ``CollectorRegistry`` that renders them."""
+
+    def __init__(self, build: str, model_deployment: str) -> None:
+        self._lock = threading.Lock()
+        self._build = build
+        self.model_deployment = model_deployment
+        self._series: dict[str, _Series] = {build: _Series()}
+        self._in_flight = 0
+        self._batch = HistogramData(BATCH_BUCKETS)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_Collector(self))
+
+    @property
+    def build(self) -> str:
+        with self._lock:
+            return self._build
+
+    def set_build(self, build: str) -> None:
+        """Label later observations with ``build``; series of earlier builds keep their values."""
+        with self._lock:
+            self._build = build
+            self._series.setdefault(build, _Series())
+
+    def request_started(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+
+    def observe_batch(self, size: int) -> None:
+        """Record how many requests one decode step ran together (0 when a step only prefilled)."""
+        with self._lock:
+            self._batch.observe(size)
+
+    def request_finished(self, obs: RequestObservation) -> None:
+        """Record a finished request (ok or error) and take it out of the in-flight gauge."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            s = self._series[self._build]
+            if not obs.ok:
+                s.error += 1
+                return
+            s.ok += 1
+            s.prompt.observe(obs.prompt_tokens)
+            s.generation.observe(obs.generation_tokens)
+            s.prompt_total += obs.prompt_tokens
+            s.generation_total += obs.generation_tokens
+            if obs.ttft_s is not None:
+                s.ttft.observe(obs.ttft_s)
+            for gap in obs.itls_s:
+                s.itl.observe(gap)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this server's registry."""
+        return generate_latest(self.registry)
+
+    def families(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = {b: _copy(s) for b, s in self._series.items()}
+            in_flight = self._in_flight
+            current = self._build
+            batch = HistogramData(self._batch.bounds, list(self._batch.counts), self._batch.total)
+        md = self.model_deployment
+        labels = ["build", "model_deployment"]
+        hists = [
+            ("polymorph_prompt_tokens", "Prompt tokens per request.", "prompt"),
+            ("polymorph_generation_tokens", "Generated tokens per request.", "generation"),
+            ("polymorph_time_to_first_token_seconds", "Time from arrival to the first token.", "ttft"),
+            ("polymorph_inter_token_latency_seconds", "Time between successive tokens of a request.", "itl"),
+        ]
+        for name, doc, attr in hists:
+            fam = HistogramMetricFamily(name, doc, labels=labels)
+            for build, series in snapshot.items():
+                h: HistogramData = getattr(series, attr)
+                fam.add_metric([build, md], h.cumulative(), h.total)
+            yield fam
+        requests = CounterMetricFamily(
+            "polymorph_requests", "Finished completion requests by status.", labels=[*labels, "status"]
+        )
+        prompt_total = CounterMetricFamily(
+            "polymorph_prompt_tokens", "Prompt tokens processed.", labels=labels
+        )
+        gen_total = CounterMetricFamily("polymorph_generation_tokens", "Tokens generated.", labels=labels)
+        for build, series in snapshot.items():
+            requests.add_metric([build, md, "ok"], series.ok)
+            requests.add_metric([build, md, "error"], series.error)
+            prompt_total.add_metric([build, md], series.prompt_total)
+            gen_total.add_metric([build, md], series.generation_total)
+        yield requests
+        yield prompt_total
+        yield gen_total
+        batch_fam = HistogramMetricFamily(
+            "polymorph_decode_batch_size", "Requests decoded together in one engine step.", labels=labels
+        )
+        batch_fam.add_metric([current, md], batch.cumulative(), batch.total)
+        yield batch_fam
+        gauge = GaugeMetricFamily("polymorph_requests_in_flight", "Requests being served now.", labels=labels)
+        gauge.add_metric([current, md], in_flight)
+        yield gauge
+
+
+def _copy(s: _Series) -> _Series:
+    def h(x: HistogramData) -> HistogramData:
+        return HistogramData(x.bounds, list(x.counts), x.total)
+
+    return _Series(
+        h(s.prompt), h(s.generation), h(s.ttft), h(s.itl), s.ok, s.error, s.prompt_total, s.generation_total
+    )
+
+
+class _Collector:
+    """Adapter from ``ServerMetrics`` to the prometheus_client collector protocol."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._metrics.families())
