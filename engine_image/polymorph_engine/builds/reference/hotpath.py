@@ -1,0 +1,259 @@
+"""Entry module of the reference build: ``load(model, knobs) -> ReferenceHotPath``.
+
+Plain PyTorch. With default knobs every step is the obvious one (separate projections, explicit
+softmax attention with a mask, a cache grown by concatenation, logits copied to the host for the
+argmax), and it produces the golden outputs every other build is verified against. Every other
+knob value computes the same function faster on some device (see build.toml):
+
+- ``kv_cache``: ``concat`` | ``static`` (see kvcache.py).
+- ``fused_qkv``, ``fused_gate_up``: one matmul per fused group (see layers.py).
+- ``attention``: ``manual`` | ``sdpa`` (``F.scaled_dot_product_attention``).
+- ``decode_capture``: ``none`` | ``cuda_graph`` | ``compile``. Capture needs fixed shapes, so it
+  applies to the static cache only; with ``concat`` both degrade to ``none``, and ``cuda_graph``
+  also degrades to ``none`` on a non-CUDA device. A captured step always attends over the whole
+  ``max_seq_len`` and runs a fixed batch bucket (powers of two up to ``max_batch``, plus
+  ``max_batch``), padding unused rows with the cache's scratch slot. Graphs are captured, and
+  compiled steps warmed up, once per (hot path, cache, bucket) in ``new_cache``: that is the
+  prepare step, never a decode step. ``compile`` uses ``torch.compile(dynamic=False)`` with the
+  default inductor mode: max-autotune would multiply prepare time per bucket, and
+  ``reduce-overhead`` would add CUDA graphs, which is the other knob value's job.
+- ``sampling``: ``host`` (copy logits to the CPU, argmax there: one sync per step) | ``device``.
+
+No module-level mutable state: everything derived from the model lives on the hot path object
+and is dropped by ``close()``.
+
+Shapes: S = prompt length, B = batch rows, V = vocab size, H = hidden size, D = head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from polymorph_engine.model import LoadedModel, rope_cos_sin, rope_inv_freq
+
+from . import layers as L
+from .kvcache import ConcatCache, StaticCache
+
+
+@dataclass
+class Captured:
+    """One captured decode step for a batch bucket: static inputs, and the graph or compiled fn."""
+
+    slots: torch.Tensor  # [bucket] int64
+    tokens: torch.Tensor  # [bucket] int64
+    logits: torch.Tensor | None = None  # [bucket, V] written by graph replay
+    graph: Any = None  # torch.cuda.CUDAGraph
+
+
+def _buckets(max_batch: int) -> list[int]:
+    sizes, b = {max_batch}, 1
+    while b < max_batch:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+class ReferenceHotPath:
+    def __init__(self, model: LoadedModel, knobs: dict[str, Any]) -> None:
+        c = model.config
+        self.config, self.device, self.dtype = c, model.device, model.dtype
+        self.kv_cache = str(knobs.get("kv_cache", "concat"))
+        self.attention = str(knobs.get("attention", "manual"))
+        self.sampling = str(knobs.get("sampling", "host"))
+        capture = str(knobs.get("decode_capture", "none"))
+        if self.kv_cache != "static" or (capture == "cuda_graph" and self.device.type != "cuda"):
+            capture = "none"  # documented degradation: capture needs fixed shapes (and CUDA for graphs)
+        self.capture = capture
+        self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.layers = L.prepare_layers(
+            model.weights,
+            c.num_hidden_layers,
+            fused_qkv=bool(knobs.get("fused_qkv", False)),
+            fused_gate_up=bool(knobs.get("fused_gate_up", False)),
+        )
+        self.embed = model.weights["model.embed_tokens.weight"]  # [V, H]
+        self.final_norm = model.weights["model.norm.weight"]
+        self.lm_head = self.embed if c.tie_word_embeddings else model.weights["lm_head.weight"]  # [V, H]
+        self.inv_freq = rope_inv_freq(c, self.device)  # [D/2] float32
+        self._attend = L.attention_sdpa if self.attention == "sdpa" else L.attention_manual
+        self._compiled = (
+            torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None
+        )
+
+    # --- the network, over whatever cache the caller hands in ---
+
+    def _layer_qkv(
+        self, lw: L.LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, H] -> q [B, nh, T, D], k, v [B, nkv, T, D] (normed, rotated)."""
+        h = L.rms_norm(x, lw.attn_norm, self.config.rms_norm_eps)
+        q, k, v = L.project_qkv(lw, h, self.nh, self.nkv, self.d)
+        if lw.q_norm is not None and lw.k_norm is not None:
+            q = L.rms_norm(q, lw.q_norm, self.config.rms_norm_eps)
+            k = L.rms_norm(k, lw.k_norm, self.config.rms_norm_eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin), v
+
+    def _layer_out(self, lw: L.LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual adds of attention output attn [B, nh, T, D] and the MLP; returns x [B, T, H]."""
+        b, _, t, _ = attn.shape
+        attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.d)
+        x = x + torch.nn.functional.linear(attn, lw.o_proj, lw.o_bias)
+        h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)
+        return x + L.mlp(lw, h)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, H] -> float32 logits [B, V]."""
+        return (L.rms_norm(x, self.final_norm, self.config.rms_norm_eps) @ self.lm_head.T).float()
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, T] -> cos, sin [B, 1, T, D]."""
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    # --- HotPath protocol ---
+
+    def new_cache(self, max_batch: int, max_seq_len: int) -> ConcatCache | StaticCache:
+        if max_batch < 1 or max_seq_len < 1:
+            raise ValueError(
+                f"a cache needs max_batch >= 1 and max_seq_len >= 1; got {max_batch}, {max_seq_len}"
+            )
+        c = self.config
+        if self.kv_cache == "concat":
+            return ConcatCache(c.num_hidden_layers, max_batch, max_seq_len, self.device)
+        cache = StaticCache(
+            c.num_hidden_layers, max_batch, max_seq_len, self.nkv, self.d, self.device, self.dtype
+        )
+        if self.capture != "none":
+            self._prepare_captures(cache)
+        return cache
+
+    @torch.no_grad()
+    def prefill(self, cache: ConcatCache | StaticCache, slot: int, tokens: torch.Tensor) -> torch.Tensor:
+        seq = int(tokens.shape[0])
+        cache.begin_prefill(slot, seq)
+        tokens = tokens.to(self.device)
+        x = self.embed[tokens][None]  # [1, S, H]
+        cos, sin = self._rope(torch.arange(seq, device=self.device)[None])
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._layer_qkv(lw, x, cos, sin)
+            cache.store_prefill(i, slot, k, v)
+            x = self._layer_out(lw, x, self._attend(q, k, v, None))  # causal over the prompt itself
+        cache.end_prefill(slot, seq)
+        return self._logits(x[:, -1])[0]
+
+    @torch.no_grad()
+    def decode(
+        self, cache: ConcatCache | StaticCache, slots: torch.Tensor, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        slot_list = [int(s) for s in slots.tolist()]  # free when the scheduler passes CPU slots
+        if len(set(slot_list)) != len(slot_list):
+            raise ValueError(f"decode got the same slot twice: {slot_list}")
+        tokens = tokens.to(self.device)
+        if isinstance(cache, ConcatCache):
+            return self._decode_concat(cache, slot_list, tokens)
+        attended = cache.check_decode(slot_list)
+        slots_dev = slots.to(self.device)
+        if self.capture == "none":
+            logits = self._static_step(cache, slots_dev, tokens, attended)
+        else:
+            logits = self._decode_captured(cache, slots_dev, tokens)
+        cache.end_decode(slot_list, slots_dev)
+        return logits
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.sampling == "device":
+            return logits.argmax(dim=-1)
+        return logits.to("cpu").argmax(dim=-1).to(self.device)  # one host sync per step
+
+    def free(self, cache: ConcatCache | StaticCache, slot: int) -> None:
+        cache.free(slot)
+
+    def close(self) -> None:
+        self.layers = []
+        self._compiled = None
+        for name in ("embed", "final_norm", "lm_head", "inv_freq"):
+            setattr(self, name, None)
+
+    # --- decode variants ---
+
+    def _decode_concat(self, cache: ConcatCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        positions, mask = cache.begin_decode(slots)  # [B], [B, 1, 1, L]
+        x = self.embed[tokens][:, None]  # [B, 1, H]
+        cos, sin = self._rope(positions[:, None])
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._layer_qkv(lw, x, cos, sin)
+            keys, values = cache.decode_kv(i, slots, k, v)
+            x = self._layer_out(lw, x, self._attend(q, keys, values, mask))
+        cache.end_decode(slots)
+        return self._logits(x[:, 0])
+
+    def _static_step(
+        self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor, attended: int
+    ) -> torch.Tensor:
+        """One decode step over a static cache: slots, tokens [B] on device -> logits [B, V].
+
+        Reads positions from ``cache.lengths`` on the device; does not advance them."""
+        positions = cache.lengths[slots]  # [B]
+        mask = cache.decode_mask(positions, attended)  # [B, 1, 1, L]
+        x = self.embed[tokens][:, None]  # [B, 1, H]
+        cos, sin = self._rope(positions[:, None])
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._layer_qkv(lw, x, cos, sin)
+            keys, values = cache.decode_kv(i, slots, positions, attended, k, v)
+            x = self._layer_out(lw, x, self._attend(q, keys, values, mask))
+        return self._logits(x[:, 0])
+
+    def _static_step_full(
+        self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """The captured step: fixed shapes, attends over all of ``max_seq_len``."""
+        return self._static_step(cache, slots, tokens, cache.max_seq_len)
+
+    def _prepare_captures(self, cache: StaticCache) -> None:
+        pool = torch.cuda.graph_pool_handle() if self.capture == "cuda_graph" else None
+        for bucket in sorted(_buckets(cache.max_batch), reverse=True):  # largest first: the pool is reused
+            cap = Captured(
+                slots=torch.full((bucket,), cache.scratch, dtype=torch.int64, device=self.device),
+                tokens=torch.zeros(bucket, dtype=torch.int64, device=self.device),
+            )
+            with torch.no_grad():
+                if self.capture == "compile":
+                    assert self._compiled is not None
+                    self._compiled(cache, cap.slots, cap.tokens)  # compile now, not on the first decode
+                else:
+                    stream = torch.cuda.Stream(self.device)
+                    stream.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(stream):
+                        for _ in range(2):  # warm up kernels and allocator outside the graph
+                            self._static_step_full(cache, cap.slots, cap.tokens)
+                    torch.cuda.current_stream(self.device).wait_stream(stream)
+                    cap.graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(cap.graph, pool=pool):
+                        cap.logits = self._static_step_full(cache, cap.slots, cap.tokens)
+            cache.captured[bucket] = cap
+        # Warm-up wrote only into the scratch slot; reset its length anyway.
+        cache.lengths[cache.scratch] = 0
+
+    def _decode_captured(self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        b = slots.shape[0]
+        bucket = min(k for k in cache.captured if k >= b)
+        cap = cache.captured[bucket]
+        assert isinstance(cap, Captured)
+        cap.slots[:b].copy_(slots)
+        cap.slots[b:].fill_(cache.scratch)
+        cap.tokens[:b].copy_(tokens)
+        cap.tokens[b:].zero_()
+        if cap.graph is not None:
+            cap.graph.replay()
+            assert cap.logits is not None
+            return cap.logits[:b].clone()  # the graph overwrites its output on the next replay
+        assert self._compiled is not None
+        return self._compiled(cache, cap.slots, cap.tokens)[:b]
+
+
+def load(model: LoadedModel, knobs: dict[str, Any]) -> ReferenceHotPath:
+    return ReferenceHotPath(model, knobs)

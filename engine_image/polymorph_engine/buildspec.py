@@ -1,0 +1,365 @@
+"""Build directories: read ``build.toml``, resolve knobs, import the entry module, make variants.
+
+A build is a directory holding ``build.toml`` and Python modules::
+
+    [build]
+    name = "reference"
+    parent = ""                 # the build this one was derived from ("" or omitted: none)
+    entry = "hotpath.py"        # the entry module (default hotpath.py)
+    description = "..."
+    notes = "..."               # optional free text
+
+    [knobs.kv_cache]
+    choices = ["concat", "static"]
+    default = "concat"
+    description = "..."         # optional
+
+The entry module defines ``load(model, knobs) -> HotPath`` (see ``polymorph_engine.hotpath``).
+It is imported as a fresh package ``polymorph_build_<n>_<hash>`` on every call, so two imports of
+the same directory are two distinct modules, and sibling modules are reached with relative imports
+(``from . import layers``) *at import time*: the package is removed from ``sys.modules`` as soon as
+the import finishes, so nothing accumulates across hundreds of hot reloads.
+
+This module knows nothing about what a hot path computes, nor about the artifact store (a build's id
+is the store's business). Every error about a build is a ``BuildError`` whose message is one sentence
+naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import re
+import shutil
+import sys
+import tomllib
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from polymorph.errors import BuildError
+
+if TYPE_CHECKING:
+    from polymorph_engine.hotpath import HotPath
+    from polymorph_engine.model import LoadedModel
+
+__all__ = [
+    "REFERENCE_BUILD",
+    "BuildSpec",
+    "Knob",
+    "KnobValue",
+    "format_knob_value",
+    "import_build",
+    "knob_variant",
+    "load_hotpath",
+    "read_build",
+    "resolve_knobs",
+]
+
+REFERENCE_BUILD: Path = Path(__file__).resolve().parent / "builds" / "reference"
+
+KnobValue = str | bool | int | float
+_BUILD_KEYS = {"name", "parent", "entry", "description", "notes"}
+_KNOB_KEYS = {"choices", "default", "description"}
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_import_counter = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One dimension of a build's search space: every value in ``choices`` must be correct."""
+
+    choices: tuple[KnobValue, ...]
+    default: KnobValue
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What ``build.toml`` declares, plus the directory it was read from."""
+
+    name: str
+    dir: Path
+    entry: str = "hotpath.py"
+    parent: str | None = None
+    description: str = ""
+    notes: str = ""
+    knobs: dict[str, Knob] = field(default_factory=dict)
+
+    def defaults(self) -> dict[str, KnobValue]:
+        return {name: knob.default for name, knob in self.knobs.items()}
+
+
+def format_knob_value(value: Any) -> str:
+    """A knob value as TOML / a person writes it: ``true``, ``"static"`` -> ``static``, ``4``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # True == 1 in Python; a knob value must match in type as well as value.
+    return type(a) is type(b) and a == b
+
+
+def _is_knob_value(v: Any) -> bool:
+    return isinstance(v, str | bool | int | float)
+
+
+def read_build(dir: Path) -> BuildSpec:
+    """Parse and validate ``<dir>/build.toml``."""
+    dir = Path(dir)
+    toml_path = dir / "build.toml"
+    where = str(toml_path)
+    if not toml_path.is_file():
+        raise BuildError(f"{where} does not exist; a build directory needs a build.toml.")
+    try:
+        doc = tomllib.loads(toml_path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise BuildError(f"{where} is not valid TOML: {e}.") from None
+    except UnicodeDecodeError:
+        raise BuildError(f"{where} is not UTF-8 text.") from None
+
+    unknown_tables = sorted(set(doc) - {"build", "knobs"})
+    if unknown_tables:
+        raise BuildError(
+            f"{where}: unknown table [{unknown_tables[0]}]; allowed are [build] and [knobs.<name>]."
+        )
+    build = doc.get("build")
+    if not isinstance(build, dict):
+        raise BuildError(f'{where}: missing [build] table (with at least name = "...").')
+    unknown = sorted(set(build) - _BUILD_KEYS)
+    if unknown:
+        raise BuildError(
+            f"{where}: unknown field build.{unknown[0]}; allowed are {', '.join(sorted(_BUILD_KEYS))}."
+        )
+    for key in _BUILD_KEYS:
+        if key in build and not isinstance(build[key], str):
+            raise BuildError(f"{where}: build.{key} must be a string; got {build[key]!r}.")
+    name = build.get("name", "")
+    if not name.strip():
+        raise BuildError(f"{where}: build.name must be a non-empty string.")
+    entry = build.get("entry", "hotpath.py")
+    if not entry.endswith(".py") or "/" in entry or "\\" in entry or not _NAME_RE.match(entry[:-3]):
+        raise BuildError(
+            f"{where}: build.entry must be a module file name in the build directory, like hotpath.py; got {entry!r}."
+        )
+    if not (dir / entry).is_file():
+        raise BuildError(f"{where}: build.entry names {entry!r}, which is not a file in {dir}.")
+
+    knobs_doc = doc.get("knobs", {})
+    if not isinstance(knobs_doc, dict):
+        raise BuildError(f"{where}: knobs must be tables [knobs.<name>].")
+    knobs: dict[str, Knob] = {}
+    for kname, kdoc in knobs_doc.items():
+        knobs[kname] = _read_knob(where, kname, kdoc)
+    return BuildSpec(
+        name=name,
+        dir=dir,
+        entry=entry,
+        parent=build.get("parent") or None,
+        description=build.get("description", ""),
+        notes=build.get("notes", ""),
+        knobs=knobs,
+    )
+
+
+def _read_knob(where: str, name: str, doc: Any) -> Knob:
+    path = f"knobs.{name}"
+    if not _NAME_RE.match(name):
+        raise BuildError(f"{where}: knob name {name!r} must be an identifier (letters, digits, underscores).")
+    if not isinstance(doc, dict):
+        raise BuildError(f"{where}: {path} must be a table with choices and default.")
+    unknown = sorted(set(doc) - _KNOB_KEYS)
+    if unknown:
+        raise BuildError(
+            f"{where}: unknown field {path}.{unknown[0]}; allowed are choices, default, description."
+        )
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise BuildError(f"{where}: {path}.choices must be a non-empty list of values.")
+    for c in choices:
+        if not _is_knob_value(c):
+            raise BuildError(
+                f"{where}: {path}.choices may hold strings, booleans and numbers only; got {c!r}."
+            )
+    for i, c in enumerate(choices):
+        if any(_same(c, other) for other in choices[:i]):
+            raise BuildError(f"{where}: {path}.choices lists {format_knob_value(c)} twice.")
+    if "default" not in doc:
+        raise BuildError(f"{where}: {path}.default is missing; it must be one of the choices.")
+    default = doc["default"]
+    if not any(_same(default, c) for c in choices):
+        allowed = ", ".join(format_knob_value(c) for c in choices)
+        raise BuildError(f"{where}: {path}.default must be one of {allowed}; got {default!r}.")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise BuildError(f"{where}: {path}.description must be a string.")
+    return Knob(tuple(choices), default, description)
+
+
+def _coerce(knob: Knob, value: Any) -> KnobValue | None:
+    """The choice ``value`` stands for: itself, or its text form (``"true"`` from a CLI flag)."""
+    for c in knob.choices:
+        if _same(c, value):
+            return c
+    if isinstance(value, str):
+        for c in knob.choices:
+            if format_knob_value(c) == value.strip().lower() or format_knob_value(c) == value.strip():
+                return c
+    return None
+
+
+def resolve_knobs(spec: BuildSpec, overrides: dict[str, Any] | None = None) -> dict[str, KnobValue]:
+    """The build's defaults with ``overrides`` applied; an unknown knob or value raises BuildError."""
+    knobs = spec.defaults()
+    for name, value in (overrides or {}).items():
+        if name not in spec.knobs:
+            known = ", ".join(sorted(spec.knobs)) or "none"
+            raise BuildError(f"build {spec.name!r} has no knob {name!r}; its knobs are: {known}.")
+        chosen = _coerce(spec.knobs[name], value)
+        if chosen is None:
+            allowed = ", ".join(format_knob_value(c) for c in spec.knobs[name].choices)
+            raise BuildError(f"knob {name!r} of build {spec.name!r} must be one of {allowed}; got {value!r}.")
+        knobs[name] = chosen
+    return knobs
+
+
+def import_build(dir: Path, spec: BuildSpec | None = None) -> types.ModuleType:
+    """Import the build's entry module as a fresh, uniquely named package; returns the entry module.
+
+    Import failures (syntax errors, missing siblings, exceptions at import time) become a BuildError
+    whose ``__cause__`` keeps the original exception and traceback.
+    """
+    dir = Path(dir).resolve()
+    spec = spec or read_build(dir)
+    digest = hashlib.sha256(str(dir).encode()).hexdigest()[:8]
+    pkg_name = f"polymorph_build_{next(_import_counter)}_{digest}"
+    pkg = types.ModuleType(pkg_name, f"Build {spec.name!r} from {dir}")
+    pkg.__path__ = [str(dir)]
+    pkg.__package__ = pkg_name
+    pkg.__file__ = None
+    sys.modules[pkg_name] = pkg
+    entry_name = f"{pkg_name}.{spec.entry[:-3]}"
+    # No __pycache__ in a build directory: it would change the build's archive (and its id),
+    # and sandboxes mount builds read-only.
+    saved_flag = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        module = importlib.import_module(entry_name)
+    except Exception as e:
+        raise BuildError(
+            f"build {spec.name!r}: importing {spec.entry} failed with {type(e).__name__}: {_first_line(e)}."
+        ) from e
+    finally:
+        sys.dont_write_bytecode = saved_flag
+        for key in [k for k in sys.modules if k == pkg_name or k.startswith(pkg_name + ".")]:
+            del sys.modules[key]
+    return module
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0].rstrip(".") if text else "no message"
+
+
+def load_hotpath(
+    model: LoadedModel, build_dir: Path, knobs: dict[str, Any] | None = None
+) -> tuple[HotPath, BuildSpec, dict[str, KnobValue]]:
+    """Read, resolve, import and ``load`` a build: the hot path, its spec and the knobs it got."""
+    spec = read_build(Path(build_dir))
+    resolved = resolve_knobs(spec, knobs)
+    module = import_build(Path(build_dir), spec)
+    load = getattr(module, "load", None)
+    if not callable(load):
+        raise BuildError(f"build {spec.name!r}: {spec.entry} must define load(model, knobs) -> HotPath.")
+    hotpath = load(model, dict(resolved))
+    return hotpath, spec, resolved
+
+
+def _toml_value(value: KnobValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def _rewrite_build_field(lines: list[str], key: str, value: str) -> list[str]:
+    """Set ``key = value`` (a string) in the [build] table, keeping every other line as it was."""
+    section, start, found = "", None, False
+    out: list[str] = []
+    for line in lines:
+        header = re.match(r"^\s*\[([^\]]+)\]", line)
+        if header:
+            if section == "build" and not found:
+                out.insert(start if start is not None else len(out), f"{key} = {_toml_value(value)}")
+                found = True
+            section = header.group(1).strip()
+            if section == "build":
+                start = len(out) + 1
+        elif section == "build" and re.match(rf"^\s*{key}\s*=", line):
+            out.append(f"{key} = {_toml_value(value)}")
+            found = True
+            continue
+        out.append(line)
+    if section == "build" and not found:
+        out.append(f"{key} = {_toml_value(value)}")
+    return out
+
+
+def _rewrite_default(lines: list[str], knob: str, value: KnobValue) -> list[str]:
+    """Set ``default`` in the [knobs.<knob>] table, keeping comments and every other line."""
+    out: list[str] = []
+    in_table = False
+    for line in lines:
+        header = re.match(r"^\s*\[([^\]]+)\]", line)
+        if header:
+            in_table = header.group(1).strip() == f"knobs.{knob}"
+        elif in_table and re.match(r"^\s*default\s*=", line):
+            out.append(f"default = {_toml_value(value)}")
+            continue
+        out.append(line)
+    return out
+
+
+def knob_variant(
+    base_dir: Path,
+    knobs: dict[str, Any],
+    dest: Path,
+    *,
+    name: str | None = None,
+    parent: str | None = None,
+    description: str | None = None,
+) -> Path:
+    """Copy the build at ``base_dir`` to ``dest`` with ``knobs`` as its new defaults.
+
+    The variant is a build in its own right (its archive, hence its id, differs whenever a default
+    changes). ``name``, ``parent`` and ``description`` optionally replace the [build] fields.
+    ``dest`` must not exist yet, or be an empty directory.
+    """
+    base_dir, dest = Path(base_dir), Path(dest)
+    spec = read_build(base_dir)
+    resolved = resolve_knobs(spec, knobs)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise BuildError(f"cannot write a build variant to {dest}: it exists and is not an empty directory.")
+    shutil.copytree(base_dir, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    toml_path = dest / "build.toml"
+    lines = toml_path.read_text().splitlines()
+    for knob, value in resolved.items():
+        if not _same(spec.knobs[knob].default, value):
+            lines = _rewrite_default(lines, knob, value)
+    for key, new in (("name", name), ("parent", parent), ("description", description)):
+        if new is not None:
+            lines = _rewrite_build_field(lines, key, new)
+    toml_path.write_text("\n".join(lines) + "\n")
+    written = read_build(dest)
+    if written.defaults() != resolved or any(
+        not _same(written.defaults()[k], v) for k, v in resolved.items()
+    ):
+        raise BuildError(
+            f"{toml_path}: could not rewrite the knob defaults; write each default on its own line."
+        )
+    return dest
