@@ -1,8 +1,10 @@
 """Building blocks shared by every Polymorph resource and by the engine, agents and operator.
 
 Owns: the strict base model (unknown fields are errors), durations, build ids, workload
-profiles and the CompileJob pieces (objective, gates, budget, agent) that a campaign needs.
-It knows nothing about Kubernetes objects as a whole; those live in the resource modules.
+profiles, the CompileJob pieces (objective, gates, budget, agent) that a campaign needs, and
+the Kubernetes pieces every resource has (object metadata, status conditions).
+The CEL rules attached to models mirror their pydantic validators for the CRD schema.
+It knows nothing about any one resource as a whole; those live in the resource modules.
 """
 
 from __future__ import annotations
@@ -10,14 +12,56 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 _DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 BUILD_ID_PATTERN = r"^(reference|sha256:[0-9a-f]{64})$"
 DURATION_PATTERN = r"^[1-9][0-9]*(s|m|h|d)$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A Kubernetes DNS-1123 label: lowercase letters, digits and '-', starting and ending alphanumeric."""
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Kubernetes DNS-1123 subdomain: dot-separated DNS labels (the rule for object names)."""
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def cel(rule: str, message: str) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry: a CEL rule the API server checks, with its message.
+
+    Every cross-field rule a model enforces in a pydantic validator is mirrored here, so that
+    ``kubectl apply`` rejects the same manifests that ``polymorph validate`` does.
+    """
+    return {"rule": rule, "message": message}
+
+
+def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
+    """``json_schema_extra`` for a model whose CRD schema carries these CEL rules."""
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class FieldError(ValueError):
+    """A cross-field rule broken at a known place inside the model, e.g. ``steps[1].weight``.
+
+    Raised from a model validator; pydantic reports it at the model's location and keeps the
+    exception, so ``polymorph.validate`` can point at ``loc`` beneath it. The message alone
+    still reads as a sentence where nobody looks at ``loc``.
+    """
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 class StrictModel(BaseModel):
@@ -30,7 +74,9 @@ def parse_duration(value: str) -> float:
     """Seconds in a duration such as ``30s``, ``10m``, ``6h`` or ``1d``."""
     match = _DURATION.match(value)
     if match is None:
-        raise ValueError(f"{value!r} is not a duration; use a positive integer with unit s, m, h or d, e.g. 30s, 10m, 6h, 1d")
+        raise ValueError(
+            f"{value!r} is not a duration; use a positive integer with unit s, m, h or d, e.g. 30s, 10m, 6h, 1d"
+        )
     return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
@@ -49,9 +95,43 @@ Duration = Annotated[
 BuildId = Annotated[str, Field(pattern=BUILD_ID_PATTERN)]
 """``reference`` or ``sha256:<64 lowercase hex>``."""
 
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
+"""A name that Kubernetes accepts as a label value and as most object names."""
+
+
+def _check_quantity(value: object) -> str:
+    # YAML reads `cpu: 2` as an int; Kubernetes accepts int-or-string, so normalise to the string form.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("must be a Kubernetes quantity such as 500m, 2, 16Gi or 1.5")
+    text = str(value)
+    if not _QUANTITY.match(text):
+        raise ValueError(f"{text!r} is not a Kubernetes quantity; use e.g. 500m, 2, 16Gi or 1.5")
+    return text
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+"""A Kubernetes resource quantity (``500m``, ``2``, ``16Gi``), stored as its string form."""
+
 
 class Histogram(StrictModel):
     """A histogram of token counts: ``counts[i]`` requests have length up to ``bounds[i]``."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("size(self.bounds) == size(self.counts)", "bounds and counts must have the same length"),
+            cel("self.bounds.isSorted()", "bounds must be increasing"),
+        )
+    )
 
     bounds: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
     counts: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
@@ -59,13 +139,19 @@ class Histogram(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> Histogram:
         if len(self.bounds) != len(self.counts):
-            raise ValueError(
-                f"bounds and counts must have the same length (bounds has {len(self.bounds)}, counts has {len(self.counts)})"
+            raise FieldError(
+                ("counts",),
+                f"bounds and counts must have the same length (bounds has {len(self.bounds)}, counts has {len(self.counts)})",
             )
-        if any(b <= a for a, b in zip(self.bounds, self.bounds[1:], strict=False)):
-            raise ValueError("bounds must be strictly increasing")
+        for i in range(1, len(self.bounds)):
+            if self.bounds[i] <= self.bounds[i - 1]:
+                raise FieldError(
+                    ("bounds", i),
+                    f"bounds must be strictly increasing; bounds[{i}] ({self.bounds[i]}) is not above "
+                    f"bounds[{i - 1}] ({self.bounds[i - 1]})",
+                )
         if sum(self.counts) <= 0:
-            raise ValueError("counts must not all be zero")
+            raise FieldError(("counts",), "counts must not all be zero")
         return self
 
     def mean(self) -> float:
@@ -96,6 +182,13 @@ ConstraintMetric = Literal[
 class Constraint(StrictModel):
     """A bound a build must respect to win, e.g. ``{metric: itlP95Ms, max: 30}``."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.min) || has(self.max)", "a constraint needs min, max or both"),
+            cel("!has(self.min) || !has(self.max) || self.min <= self.max", "min must be <= max"),
+        )
+    )
+
     metric: ConstraintMetric
     min: float | None = None
     max: float | None = None
@@ -105,7 +198,7 @@ class Constraint(StrictModel):
         if self.min is None and self.max is None:
             raise ValueError("a constraint needs min, max or both")
         if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+            raise FieldError(("min",), f"min ({self.min:g}) must be <= max ({self.max:g})")
         return self
 
 
@@ -147,14 +240,87 @@ class SecretKeyRef(StrictModel):
 class AgentSpec(StrictModel):
     """Which agent drives the experiments. ``Claude`` needs ``apiKeySecretRef``."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.kind) || self.kind != 'Claude' || has(self.apiKeySecretRef)",
+                "kind Claude requires apiKeySecretRef",
+            )
+        )
+    )
+
     kind: Literal["Search", "Claude"] = "Search"
     model: str = "claude-sonnet-4-5"
     apiKeySecretRef: SecretKeyRef | None = None
     instructions: str = ""
-    maxTokens: int = Field(default=2_000_000, gt=0, description="Token budget for the whole campaign (input + output).")
+    maxTokens: int = Field(
+        default=2_000_000, gt=0, description="Token budget for the whole campaign (input + output)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AgentSpec:
         if self.kind == "Claude" and self.apiKeySecretRef is None:
-            raise ValueError("kind Claude requires apiKeySecretRef ({name, key} of the Secret holding the Anthropic API key)")
+            raise FieldError(
+                ("apiKeySecretRef",),
+                "kind Claude requires apiKeySecretRef ({name, key} of the Secret holding the Anthropic API key)",
+            )
         return self
+
+
+API_GROUP = "polymorph.dev"
+API_VERSION = "polymorph.dev/v1alpha1"
+
+
+class StatusModel(BaseModel):
+    """Base for status models. Status is written only by the operator; every field is optional.
+
+    Unknown fields are ignored rather than rejected, so an operator reading status that a
+    newer (or older) operator wrote never fails on it.
+    """
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, validate_assignment=True)
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition such as Ready, Compiling, RollingOut or Degraded."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"] = "Unknown"
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: datetime | None = None
+    observedGeneration: int | None = None
+
+
+class OwnerReference(BaseModel):
+    """An owner of this object (the operator sets it on the CompileJobs a deployment opens)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    blockOwnerDeletion: bool | None = None
+
+
+class ObjectMeta(StrictModel):
+    """Kubernetes object metadata: what a person writes (name, namespace, labels, annotations)
+    plus what the API server adds. Unknown fields are errors, so ``lables`` is caught."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    generateName: str | None = None
+    namespace: str | None = Field(default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    uid: str | None = None
+    resourceVersion: str | None = None
+    generation: int | None = None
+    creationTimestamp: datetime | None = None
+    deletionTimestamp: datetime | None = None
+    deletionGracePeriodSeconds: int | None = None
+    finalizers: list[str] = Field(default_factory=list)
+    ownerReferences: list[OwnerReference] = Field(default_factory=list)
+    managedFields: list[dict[str, Any]] = Field(default_factory=list)
+    selfLink: str | None = None

@@ -1,0 +1,225 @@
+"""The CompileJob resource (``cj``): one compile campaign for one model on one hardware profile.
+
+Owns: the spec (what to compile, on what workload, by which agent, under which objective,
+gates and budget), the status the operator writes from sandbox progress in the store, and
+the whole object. The operator opens one on drift, or a person or pipeline creates one.
+It knows nothing about how sandboxes run or how the operator schedules them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from polymorph.api.common import (
+    AgentSpec,
+    Budget,
+    BuildId,
+    Condition,
+    DnsLabel,
+    FieldError,
+    Gates,
+    Objective,
+    ObjectMeta,
+    StatusModel,
+    StrictModel,
+    WorkloadProfile,
+    cel,
+    cel_rules,
+)
+from polymorph.api.modeldeployment import HardwareSpec, ModelSource
+
+TRACE_URI_PATTERN = r"^(s3://[^/\s]+/\S+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/\S+|[^:\s][^:]*)$"
+"""A captured trace: ``s3://bucket/key``, ``pvc://claim/path`` or a local path."""
+_TRACE_URI = re.compile(TRACE_URI_PATTERN)
+
+JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+
+class DeploymentRef(StrictModel):
+    """A ModelDeployment in the CompileJob's namespace."""
+
+    name: DnsLabel
+
+
+class WorkloadSpec(StrictModel):
+    """The traffic to optimise for: a profile, or the uri of a captured trace."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "has(self.profile) != has(self.traceUri)", "workload needs exactly one of profile or traceUri"
+            ),
+        )
+    )
+
+    profile: WorkloadProfile | None = None
+    traceUri: str | None = Field(default=None, min_length=1, json_schema_extra={"pattern": TRACE_URI_PATTERN})
+
+    @field_validator("traceUri")
+    @classmethod
+    def _check_trace(cls, value: str | None) -> str | None:
+        if value is not None and not _TRACE_URI.match(value):
+            raise ValueError(
+                f"{value!r} is not a trace location; use s3://bucket/key, pvc://claim/path or a local path"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        if (self.profile is None) == (self.traceUri is None):
+            raise ValueError("workload needs exactly one of profile or traceUri")
+        return self
+
+
+class CompileJobSpec(StrictModel):
+    """What to compile, for which traffic, by which agent, and how much it may spend."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.model) == has(self.hardware)", "model and hardware go together"),
+            cel(
+                "has(self.deploymentRef) != has(self.model)",
+                "give exactly one of deploymentRef or model + hardware",
+            ),
+            cel("has(self.deploymentRef) || has(self.workload)", "a standalone CompileJob needs a workload"),
+        )
+    )
+
+    deploymentRef: DeploymentRef | None = None
+    model: ModelSource | None = None
+    hardware: HardwareSpec | None = None
+    baseBuild: BuildId = "reference"
+    workload: WorkloadSpec | None = Field(default=None, description="Omitted: the deployment's live profile.")
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    objective: Objective = Field(default_factory=Objective)
+    gates: Gates = Field(default_factory=Gates)
+    budget: Budget = Field(default_factory=Budget)
+
+    @model_validator(mode="after")
+    def _target(self) -> CompileJobSpec:
+        standalone = self.model is not None or self.hardware is not None
+        if self.deploymentRef is not None and standalone:
+            raise ValueError("give exactly one of deploymentRef or model + hardware, not both")
+        if self.deploymentRef is None:
+            if not standalone:
+                raise ValueError("give exactly one of deploymentRef or model + hardware")
+            if self.model is None or self.hardware is None:
+                missing = "model" if self.model is None else "hardware"
+                raise FieldError(
+                    (missing,), "is required: a standalone CompileJob needs both model and hardware"
+                )
+            if self.workload is None:
+                raise FieldError(
+                    ("workload",),
+                    "a standalone CompileJob needs workload (a profile or a traceUri); "
+                    "only a deploymentRef job can use the live profile",
+                )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Status: written only by the operator, from the progress sandboxes write to the store.
+
+
+class SandboxProgress(StatusModel):
+    """One sandbox's progress, read from ``progress-<i>.json`` in the store."""
+
+    index: int = Field(ge=0)
+    phase: Literal["Pending", "Running", "Done", "Failed"] | None = None
+    experiments: int = Field(default=0, ge=0)
+    bestValue: float | None = None
+    bestBuild: str | None = None
+    restarts: int = Field(default=0, ge=0)
+    updatedAt: datetime | None = None
+    message: str | None = None
+
+
+class ExperimentCounts(StatusModel):
+    """Experiments so far by outcome (the outcomes of ExperimentRecord.status)."""
+
+    total: int = Field(default=0, ge=0)
+    passed: int = Field(default=0, ge=0)
+    rejected: int = Field(default=0, ge=0)
+    failed: int = Field(default=0, ge=0)
+    crashed: int = Field(default=0, ge=0)
+    timeout: int = Field(default=0, ge=0)
+
+
+class BuildResult(StatusModel):
+    """A build's figure on the objective: the baseline, or the best so far."""
+
+    build: str | None = None
+    uri: str | None = None
+    value: float | None = Field(default=None, description="The objective metric's value.")
+    speedup: float | None = Field(
+        default=None, description="Improvement over the baseline (1.0 for the baseline)."
+    )
+
+
+class CompileJobStatus(StatusModel):
+    """Where a campaign is. Written only by the operator."""
+
+    observedGeneration: int | None = None
+    phase: JobPhase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    jobName: str | None = Field(default=None, description="The batch/v1 Job running the sandboxes.")
+    sandboxes: list[SandboxProgress] = Field(default_factory=list)
+    experiments: ExperimentCounts | None = None
+    baseline: BuildResult | None = None
+    best: BuildResult | None = None
+    ledgerUri: str | None = None
+    startedAt: datetime | None = None
+    finishedAt: datetime | None = None
+    message: str | None = None
+
+
+class CompileJob(StrictModel):
+    """A whole CompileJob object, as in a manifest or a Kubernetes API response."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+                "metadata.name must be a DNS label of at most 63 characters",
+            ),
+        )
+    )
+
+    apiVersion: Literal["polymorph.dev/v1alpha1"] = "polymorph.dev/v1alpha1"
+    kind: Literal["CompileJob"] = "CompileJob"
+    metadata: ObjectMeta
+    spec: CompileJobSpec
+    status: CompileJobStatus | None = None
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> CompileJob:
+        # The name labels the Job's pods, so it must be a DNS label (<= 63 characters).
+        name = self.metadata.name
+        if len(name) > 63 or "." in name:
+            raise ValueError(
+                f"metadata.name {name!r} must be at most 63 lowercase letters, digits or '-' (it names a Job)"
+            )
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The object as a JSON-ready dict, without unset optional fields."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+__all__ = [
+    "TERMINAL_PHASES",
+    "BuildResult",
+    "CompileJob",
+    "CompileJobSpec",
+    "CompileJobStatus",
+    "DeploymentRef",
+    "ExperimentCounts",
+    "JobPhase",
+    "SandboxProgress",
+    "WorkloadSpec",
+]

@@ -1,0 +1,533 @@
+"""The ModelDeployment resource (``md``): what a model owner commits to git.
+
+Owns: the spec models (model, hardware, engine, build policy, recompile, rollout), the
+status models the operator writes, and the whole object (apiVersion, kind, metadata, spec,
+status). Field names, enums and defaults follow the user-facing contract in DESIGN.md.
+Every cross-field rule is a pydantic validator with a one-sentence message, mirrored as a
+CEL rule for the CRD. It knows nothing about how the operator acts on a deployment.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from polymorph.api.build import Figures
+from polymorph.api.common import (
+    DNS_LABEL_PATTERN,
+    AgentSpec,
+    Budget,
+    BuildId,
+    Condition,
+    Duration,
+    FieldError,
+    Gates,
+    Objective,
+    ObjectMeta,
+    Quantity,
+    StatusModel,
+    StrictModel,
+    WorkloadProfile,
+    cel,
+    cel_rules,
+)
+
+Accelerator = Literal[
+    "cpu", "nvidia-h100", "nvidia-h200", "nvidia-b200", "amd-mi300x", "amd-mi355x", "aws-trainium2"
+]
+Dtype = Literal["bfloat16", "float16", "float32"]
+BuiltinMetric = Literal[
+    "outputTokensPerSecondRatio",
+    "interTokenLatencyP95Ratio",
+    "timeToFirstTokenP95Ratio",
+    "errorRate",
+]
+"""Analysis metrics the operator knows how to query. Ratios are canary / stable."""
+
+MODEL_URI_PATTERN = r"^(s3://[^/\s]+(/\S*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/\S+|[^:\s][^:]*)$"
+"""``s3://bucket/prefix``, ``pvc://claim/path`` or a local path (no other URI scheme)."""
+_MODEL_URI = re.compile(MODEL_URI_PATTERN)
+
+# The accelerator's extended resource name, used when hardware.resourceName is not given.
+DEFAULT_RESOURCE_NAMES: dict[str, str | None] = {
+    "cpu": None,
+    "nvidia-h100": "nvidia.com/gpu",
+    "nvidia-h200": "nvidia.com/gpu",
+    "nvidia-b200": "nvidia.com/gpu",
+    "amd-mi300x": "amd.com/gpu",
+    "amd-mi355x": "amd.com/gpu",
+    "aws-trainium2": "aws.amazon.com/neuron",
+}
+
+
+class ModelSource(StrictModel):
+    """Where the weights are, and how to load them."""
+
+    uri: str = Field(
+        min_length=1,
+        json_schema_extra={"pattern": MODEL_URI_PATTERN},
+        description="s3://bucket/prefix/, pvc://claim/path, or a local path.",
+    )
+    architecture: str | None = Field(default=None, description="Read from config.json when omitted.")
+    dtype: Dtype = "bfloat16"
+    maxSeqLen: int = Field(default=8192, ge=1, le=1_048_576)
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, value: str) -> str:
+        if not _MODEL_URI.match(value):
+            raise ValueError(
+                f"{value!r} is not a model location; use s3://bucket/prefix/, pvc://claim/path or a local path"
+            )
+        return value
+
+
+class Toleration(StrictModel):
+    """A Kubernetes toleration, as in a pod spec."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = None
+
+
+class HardwareSpec(StrictModel):
+    """The accelerator profile a model is served and compiled on."""
+
+    accelerator: Accelerator
+    count: int = Field(default=1, ge=1, le=64, description="Accelerators per replica.")
+    resourceName: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Extended resource to request; defaults to the accelerator's (nvidia.com/gpu, amd.com/gpu, aws.amazon.com/neuron).",
+    )
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+    def resource_name(self) -> str | None:
+        """The extended resource name to request ``count`` of, or None for CPU-only."""
+        return self.resourceName or DEFAULT_RESOURCE_NAMES[self.accelerator]
+
+
+class ResourceRequirements(StrictModel):
+    """Container resources, as in a pod spec."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class KeyRef(StrictModel):
+    """A key of a Secret or ConfigMap."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+    optional: bool | None = None
+
+
+class FieldRef(StrictModel):
+    """A field of the pod, e.g. ``metadata.name``."""
+
+    fieldPath: str = Field(min_length=1)
+    apiVersion: str | None = None
+
+
+class EnvVarSource(StrictModel):
+    """Where an environment variable's value comes from: exactly one source."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+                "valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef",
+            )
+        )
+    )
+
+    secretKeyRef: KeyRef | None = None
+    configMapKeyRef: KeyRef | None = None
+    fieldRef: FieldRef | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        given = [n for n in ("secretKeyRef", "configMapKeyRef", "fieldRef") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef")
+        return self
+
+
+class EnvVar(StrictModel):
+    """An environment variable of the engine container: a value, or a value from a source."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("!(has(self.value) && has(self.valueFrom))", "give value or valueFrom, not both"),
+        )
+    )
+
+    name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    valueFrom: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _one_value(self) -> EnvVar:
+        if self.value is not None and self.valueFrom is not None:
+            raise ValueError(f"env {self.name}: give value or valueFrom, not both")
+        return self
+
+
+class EngineSpec(StrictModel):
+    """The serving container."""
+
+    image: str = Field(default="ghcr.io/polymorph/engine:0.1.0", min_length=1)
+    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    args: list[str] = Field(default_factory=list, description="Extra arguments to `polymorph engine serve`.")
+    env: list[EnvVar] = Field(default_factory=list)
+    port: int = Field(default=8000, ge=1, le=65535)
+
+
+class BuildSpec(StrictModel):
+    """Which build serves. ``Manual`` waits for the annotation polymorph.dev/approve=<build id>."""
+
+    policy: Literal["Auto", "Manual"] = "Auto"
+    pinned: BuildId | None = Field(
+        default=None, description="A build id that pins serving and stops recompilation."
+    )
+
+
+class CompileTemplate(StrictModel):
+    """The template for the CompileJobs a deployment opens."""
+
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    budget: Budget = Field(default_factory=Budget)
+    objective: Objective = Field(default_factory=Objective)
+    gates: Gates = Field(default_factory=Gates)
+
+
+class RecompileSpec(StrictModel):
+    """When traffic drifts from what the active build was tuned for, open a CompileJob."""
+
+    enabled: bool = True
+    driftThreshold: float = Field(default=0.25, gt=0, le=1)
+    window: Duration = "30m"
+    minRequests: int = Field(default=200, ge=0)
+    cooldown: Duration = "6h"
+    compile: CompileTemplate = Field(default_factory=CompileTemplate)
+
+
+class RolloutStep(StrictModel):
+    """Send ``weight`` percent of replicas to the canary, then hold for ``pause`` while analysing."""
+
+    weight: int = Field(ge=1, le=100)
+    pause: Duration = "10m"
+
+
+class ThresholdRange(StrictModel):
+    """The range an analysis value must stay in; one bound or both."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.min) || has(self.max)", "thresholdRange needs min, max or both"),
+            cel(
+                "!has(self.min) || !has(self.max) || self.min <= self.max",
+                "thresholdRange min must be <= max",
+            ),
+        )
+    )
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ThresholdRange:
+        if self.min is None and self.max is None:
+            raise ValueError("thresholdRange needs min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise FieldError(("min",), f"thresholdRange min ({self.min:g}) must be <= max ({self.max:g})")
+        return self
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` is inside the range (bounds included)."""
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+class AnalysisMetric(StrictModel):
+    """One analysis check: a built-in metric or a PromQL query, and its threshold range.
+
+    In a query, ``{{name}}`` and ``{{namespace}}`` stand for the deployment's name and namespace.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.builtin) != has(self.query)", "a metric needs exactly one of builtin or query"),
+        )
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    builtin: BuiltinMetric | None = None
+    query: str | None = Field(default=None, min_length=1)
+    thresholdRange: ThresholdRange
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AnalysisMetric:
+        if (self.builtin is None) == (self.query is None):
+            raise ValueError(f"metric {self.name!r} needs exactly one of builtin or query")
+        return self
+
+
+def _default_metrics() -> list[AnalysisMetric]:
+    return [
+        AnalysisMetric(
+            name="throughput", builtin="outputTokensPerSecondRatio", thresholdRange=ThresholdRange(min=0.98)
+        ),
+        AnalysisMetric(
+            name="itl-p95", builtin="interTokenLatencyP95Ratio", thresholdRange=ThresholdRange(max=1.10)
+        ),
+    ]
+
+
+class AnalysisSpec(StrictModel):
+    """How a canary step is judged: every ``interval``, each metric is checked against its range."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.metrics.all(a, self.metrics.exists_one(b, b.name == a.name))",
+                "metric names must be unique",
+            ),
+        )
+    )
+
+    interval: Duration = "1m"
+    failureLimit: int = Field(
+        default=2, ge=0, description="Failed checks tolerated before the rollout fails."
+    )
+    noDataPolicy: Literal["Inconclusive", "Pass", "Fail"] = "Inconclusive"
+    metrics: list[AnalysisMetric] = Field(default_factory=_default_metrics, max_length=20)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AnalysisSpec:
+        names = [m.name for m in self.metrics]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise FieldError(
+                    ("metrics", i, "name"), f"metric names must be unique; {name!r} is used twice"
+                )
+        return self
+
+
+def _default_steps() -> list[RolloutStep]:
+    return [RolloutStep(weight=25, pause="10m"), RolloutStep(weight=50, pause="10m")]
+
+
+class RolloutSpec(StrictModel):
+    """A canary rollout: steps of increasing weight, judged by analysis, then promote or fail."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.steps.map(s, s.weight).isSorted() && self.steps.all(a, self.steps.exists_one(b, b.weight == a.weight))",
+                "step weights must be strictly increasing",
+            ),
+        )
+    )
+
+    steps: list[RolloutStep] = Field(default_factory=_default_steps, min_length=1, max_length=20)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    onFailure: Literal["Rollback", "Pause"] = "Rollback"
+
+    @model_validator(mode="after")
+    def _increasing(self) -> RolloutSpec:
+        for i in range(1, len(self.steps)):
+            if self.steps[i].weight <= self.steps[i - 1].weight:
+                raise FieldError(
+                    ("steps", i, "weight"),
+                    f"must be > {self.steps[i - 1].weight} (steps[{i - 1}].weight), as step weights must be "
+                    f"strictly increasing (got {self.steps[i].weight})",
+                )
+        return self
+
+
+class ModelDeploymentSpec(StrictModel):
+    """What a model owner declares: the model, where it runs, and how builds reach it."""
+
+    model: ModelSource
+    hardware: HardwareSpec
+    replicas: int = Field(default=1, ge=0, le=10_000)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    build: BuildSpec = Field(default_factory=BuildSpec)
+    recompile: RecompileSpec = Field(default_factory=RecompileSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Status: written only by the operator.
+
+DeploymentPhase = Literal["Pending", "Serving", "Compiling", "RollingOut", "Degraded"]
+RolloutPhase = Literal["Idle", "Progressing", "Paused", "Promoted", "RolledBack", "Failed"]
+Verdict = Literal["Pass", "Fail", "Inconclusive"]
+
+
+class BuildStatus(StatusModel):
+    """A build as served: id, where it is stored, what it was tuned for, and what it measured."""
+
+    id: str | None = None
+    name: str | None = Field(default=None, description="The build's human name (from build.toml).")
+    uri: str | None = None
+    profile: WorkloadProfile | None = Field(default=None, description="The traffic profile it was tuned for.")
+    figures: Figures | None = None
+    since: datetime | None = None
+
+
+class TrafficStatus(StatusModel):
+    """The live traffic profile read from Prometheus."""
+
+    profile: WorkloadProfile | None = None
+    requests: int | None = Field(default=None, description="Requests seen in the window.")
+    window: str | None = None
+    observedAt: datetime | None = None
+
+
+class DriftStatus(StatusModel):
+    """How far live traffic is from the profile the active build was tuned for."""
+
+    score: float | None = Field(default=None, ge=0, le=1)
+    checkedAt: datetime | None = None
+    reasons: list[str] = Field(default_factory=list)
+
+
+class CompileJobRef(StatusModel):
+    """The last CompileJob this deployment opened."""
+
+    name: str | None = None
+    phase: str | None = None
+    reason: str | None = None
+    createdAt: datetime | None = None
+
+
+class AnalysisValue(StatusModel):
+    """One analysis measurement next to its threshold."""
+
+    name: str
+    value: float | None = None
+    min: float | None = None
+    max: float | None = None
+    verdict: Verdict | None = None
+    measuredAt: datetime | None = None
+
+
+class RolloutStatus(StatusModel):
+    """Where the current rollout is."""
+
+    phase: RolloutPhase | None = None
+    build: str | None = Field(default=None, description="The candidate build being rolled out.")
+    step: int | None = Field(default=None, ge=0, description="Index into spec.rollout.steps.")
+    weight: int | None = Field(default=None, ge=0, le=100, description="Desired canary weight (percent).")
+    actualWeight: float | None = Field(
+        default=None, ge=0, le=100, description="Canary share of ready replicas."
+    )
+    canaryReplicas: int | None = None
+    stableReplicas: int | None = None
+    stepStartedAt: datetime | None = None
+    failures: int | None = Field(default=None, ge=0)
+    analysis: list[AnalysisValue] = Field(default_factory=list)
+    message: str | None = None
+
+
+class RolloutRecord(StatusModel):
+    """One finished rollout in the history."""
+
+    build: str
+    fromBuild: str | None = None
+    outcome: Literal["Promoted", "RolledBack", "Aborted"]
+    startedAt: datetime | None = None
+    finishedAt: datetime | None = None
+    reason: str | None = None
+
+
+class ModelDeploymentStatus(StatusModel):
+    """What the operator observed and did. It never writes spec."""
+
+    observedGeneration: int | None = None
+    phase: DeploymentPhase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    activeBuild: BuildStatus | None = None
+    candidateBuild: BuildStatus | None = None
+    trafficProfile: TrafficStatus | None = None
+    drift: DriftStatus | None = None
+    lastCompileJob: CompileJobRef | None = None
+    rollout: RolloutStatus | None = None
+    history: list[RolloutRecord] = Field(default_factory=list)
+
+
+class ModelDeployment(StrictModel):
+    """A whole ModelDeployment object, as in a manifest or a Kubernetes API response."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.metadata.name.size() <= 56 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                "metadata.name must be a DNS label of at most 56 characters starting with a letter",
+            ),
+        )
+    )
+
+    apiVersion: Literal["polymorph.dev/v1alpha1"] = "polymorph.dev/v1alpha1"
+    kind: Literal["ModelDeployment"] = "ModelDeployment"
+    metadata: ObjectMeta
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus | None = None
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> ModelDeployment:
+        # The name becomes a Service and the Deployment "<name>-canary": a DNS-1035 label of <= 63.
+        name = self.metadata.name
+        if len(name) > 56 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name):
+            raise ValueError(
+                f"metadata.name {name!r} must be at most 56 lowercase letters, digits or '-', starting with a "
+                "letter (it names a Service and the Deployment <name>-canary)"
+            )
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The object as a JSON-ready dict, without unset optional fields."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+__all__ = [
+    "DEFAULT_RESOURCE_NAMES",
+    "Accelerator",
+    "AnalysisMetric",
+    "AnalysisSpec",
+    "AnalysisValue",
+    "BuildSpec",
+    "BuildStatus",
+    "BuiltinMetric",
+    "CompileJobRef",
+    "CompileTemplate",
+    "DeploymentPhase",
+    "DriftStatus",
+    "Dtype",
+    "EngineSpec",
+    "EnvVar",
+    "EnvVarSource",
+    "HardwareSpec",
+    "ModelDeployment",
+    "ModelDeploymentSpec",
+    "ModelDeploymentStatus",
+    "ModelSource",
+    "ResourceRequirements",
+    "RolloutPhase",
+    "RolloutRecord",
+    "RolloutSpec",
+    "RolloutStatus",
+    "RolloutStep",
+    "ThresholdRange",
+    "Toleration",
+    "TrafficStatus",
+    "Verdict",
+]
