@@ -87,8 +87,8 @@ def _check_duration(value: str) -> str:
 
 Duration = Annotated[
     str,
-    AfterValidator(_check_duration),
     Field(pattern=DURATION_PATTERN, json_schema_extra={"example": "10m"}),
+    AfterValidator(_check_duration),
 ]
 """A duration string: a positive integer with unit s, m, h or d."""
 

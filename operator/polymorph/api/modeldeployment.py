@@ -494,8 +494,10 @@ class ModelDeployment(StrictModel):
         return self
 
     def manifest(self) -> dict[str, Any]:
-        """The object as a JSON-ready dict, without unset optional fields."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """The object as a JSON-ready dict for the Kubernetes API, without unset optional fields."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        data["metadata"] = self.metadata.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+        return data
 
 
 __all__ = [
