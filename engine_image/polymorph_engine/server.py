@@ -51,7 +51,7 @@ __all__ = [
 
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP_SEQUENCES = 4
-MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024  # admin calls carry build archives
 _IGNORED_SAMPLING = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "seed", "user")
 
 
@@ -59,7 +59,7 @@ class TextTokenizer(Protocol):
     """What the server needs of a tokenizer."""
 
     def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: list[int]) -> str: ...
 
 
 class RequestError(Exception):

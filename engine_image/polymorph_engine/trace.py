@@ -92,8 +92,10 @@ def encode_trace(records: Sequence[TraceRecord]) -> bytes:
 
 def trace_key(namespace: str, model_deployment: str, when: datetime) -> str:
     """The store key of a trace flushed at ``when``: ``workloads/<ns>/<md>/trace-<UTC ts>.jsonl``."""
+    from polymorph.store import workload_prefix  # the store owns its key layout
+
     stamp = when.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    return f"workloads/{namespace}/{model_deployment}/trace-{stamp}.jsonl"
+    return f"{workload_prefix(namespace, model_deployment)}trace-{stamp}.jsonl"
 
 
 def flush_trace(
