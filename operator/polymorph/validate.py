@@ -107,6 +107,13 @@ def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseMod
     return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
 
+def _required(root: type[BaseModel] | None, loc: tuple[str | int, ...]) -> bool:
+    """Whether the field at ``loc`` below ``root`` has no default."""
+    parent = _model_at(root, loc[:-1]) if root is not None and loc else None
+    field = parent.model_fields.get(str(loc[-1])) if parent is not None else None
+    return field is not None and field.is_required()
+
+
 def _show(value: Any) -> str:
     """A short rendering of a bad input value for a message."""
     if value is None:
@@ -222,6 +229,8 @@ def _lines(errors: list[ErrorDetails], root: type[BaseModel] | None) -> list[str
                 loc = loc + cause.loc
             where = format_path(loc)
             text = _message(error)
+            if error.get("input", ...) is None and error["type"] != "missing" and _required(root, loc):
+                text = "is required and must not be null"
         line = f"{where}: {text}" if where else text
         if line not in lines:
             lines.append(line)
@@ -294,12 +303,13 @@ def validate_document(doc: Any) -> tuple[Resource | None, str, list[str]]:
     model, spec_model = KINDS[kind]
     errors: list[ErrorDetails] = []
     obj: Resource | None = None
+    strict_spec = isinstance(doc.get("spec"), dict)
     try:
         obj = model.model_validate(doc)
     except ValidationError as exc:
-        errors = [e for e in exc.errors() if not e["loc"] or e["loc"][0] != "spec"]
+        errors = [e for e in exc.errors() if not (strict_spec and e["loc"] and e["loc"][0] == "spec")]
     # The spec is checked strictly too: the API server does not turn "4" into 4.
-    if isinstance(doc.get("spec"), dict):
+    if strict_spec:
         try:
             spec_model.model_validate(doc["spec"], strict=True)
         except ValidationError as exc:
