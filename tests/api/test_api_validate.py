@@ -69,7 +69,7 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
         node: Any = doc
         *parents, leaf = path.split(".")
         for part in parents:
-            node = node[part]
+            node = node[int(part)] if isinstance(node, list) else node[part]
         del node[leaf]
 
     return change
