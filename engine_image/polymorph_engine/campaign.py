@@ -309,6 +309,17 @@ class Campaign:
     def experiments_left(self) -> int:
         return max(0, self.share - len(self.ledger))
 
+    def record_usage(self, usage: TokenUsage) -> None:
+        """Add an agent's API token usage to the campaign's total (kept in the progress document)."""
+        self.tokens = TokenUsage(
+            inputTokens=self.tokens.inputTokens + usage.inputTokens,
+            outputTokens=self.tokens.outputTokens + usage.outputTokens,
+        )
+
+    def token_usage(self) -> TokenUsage:
+        """Tokens the agent has used so far, across every run of this campaign."""
+        return self.tokens
+
     def _check_budget(self) -> None:
         if len(self.ledger) >= self.share:
             raise BudgetExhausted(
@@ -324,11 +335,6 @@ class Campaign:
     ) -> ExperimentRecord:
         bid = build_id(build_dir)
         self._dirs.setdefault(bid, build_dir)
-        if usage is not None:
-            self.tokens = TokenUsage(
-                inputTokens=self.tokens.inputTokens + usage.inputTokens,
-                outputTokens=self.tokens.outputTokens + usage.outputTokens,
-            )
         recorded = self.ledger.find(bid, self.workload_hash)
         if recorded is not None:
             self._cached += 1

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polymorph.api import ExperimentRecord
-from polymorph.store import Store, ledger_key, progress_key, result_key
+from polymorph.store import Store, compilejob_prefix, ledger_key, progress_key, result_key
 
 __all__ = ["CampaignPaths", "Ledger", "config_uid", "experiment_key"]
 
@@ -58,6 +58,11 @@ class CampaignPaths:
                 )
         if not re.match(r"^[A-Za-z0-9-]{1,64}$", self.uid):
             raise ValueError(f"campaign uid {self.uid!r} is not allowed; use letters, digits and '-'")
+
+    @property
+    def prefix(self) -> str:
+        """``compilejobs/<ns>/<name>-<uid>`` (no trailing slash)."""
+        return compilejob_prefix(self.namespace, self.name, self.uid).rstrip("/")
 
     def ledger(self, sandbox: int) -> str:
         return ledger_key(self.namespace, self.name, self.uid, sandbox)

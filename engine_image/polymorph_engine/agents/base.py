@@ -83,6 +83,8 @@ class CampaignContext(Protocol):
     ) -> ExperimentRecord:
         """Run ``build_dir`` (or return its recorded result when it already ran on this workload).
 
+        ``usage`` (tokens spent to propose this build) goes into the experiment's record.
+
         Raises ``BudgetExhausted`` when no new experiment may start.
         """
         ...
@@ -111,6 +113,14 @@ class CampaignContext(Protocol):
         ...
 
     def experiments_left(self) -> int: ...
+
+    def record_usage(self, usage: TokenUsage) -> None:
+        """Count API tokens the agent spent (the campaign's total goes in the progress document)."""
+        ...
+
+    def token_usage(self) -> TokenUsage:
+        """Tokens spent so far, across every run of this campaign."""
+        ...
 
     def log(self, message: str) -> None: ...
 

@@ -1,0 +1,249 @@
+"""``polymorph compile``: run a compile campaign on this machine (``make demo``).
+
+Defaults: the tiny random model on CPU, the sample workload, the SearchAgent and the local
+store. The campaign lives at ``compilejobs/local/<--campaign>-<uid>/`` where ``uid`` is a
+stable hash of what defines it (model, device, dtype, workload, base build, agent,
+objective, gates; not the budget, so a rerun may extend it). Running the same command again
+resumes it: experiments already in the ledger are not run again. ``--fresh`` starts a new
+campaign instead.
+
+Output: a progress bar and a live leaderboard when stdout is a terminal, plain lines
+otherwise, then a report (baseline versus best, speedup with noise, the best build's id and
+where it is stored, experiments per hour, and the cold-start versus hot-swap cost the
+supervisor observed). ``--json`` prints one final JSON object on stdout instead (progress
+lines go to stderr). Exit status: 0 when the campaign reached a result (improved or not), 1
+when the baseline failed or the agent failed, 2 for bad input.
+
+It only gathers inputs, calls ``campaign`` with a ``supervisor.Supervisor`` and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from polymorph.errors import BuildError, StoreError, UsageError
+
+__all__ = ["configure", "run"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default="tiny", help="model shape (tiny, llama-1b, ...) or checkpoint dir (default tiny)"
+    )
+    parser.add_argument(
+        "--workload", metavar="FILE", help="a WorkloadProfile YAML/JSON or a .jsonl trace (default: sample)"
+    )
+    parser.add_argument(
+        "--agent", choices=["search", "claude"], default="search", help="who proposes builds (default search)"
+    )
+    parser.add_argument(
+        "--max-experiments", type=int, default=30, metavar="N", help="experiment budget (default 30)"
+    )
+    parser.add_argument(
+        "--deadline", default="10m", metavar="DURATION", help="time budget, e.g. 90s, 10m, 2h (default 10m)"
+    )
+    parser.add_argument(
+        "--store",
+        metavar="PATH_OR_URI",
+        help="artifact store (default $POLYMORPH_STORE or ./.polymorph/store)",
+    )
+    parser.add_argument(
+        "--campaign", default="demo", help="campaign name; rerunning a name resumes it (default demo)"
+    )
+    parser.add_argument("--fresh", action="store_true", help="start a new campaign instead of resuming")
+    parser.add_argument("--json", action="store_true", help="print one final JSON object on stdout")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
+    parser.add_argument(
+        "--experiment-timeout", default="2m", metavar="DURATION", help="per experiment (default 2m)"
+    )
+    parser.add_argument(
+        "--min-speedup", type=float, default=1.05, help="gate: speedup the result must reach beyond noise"
+    )
+    parser.add_argument(
+        "--metric", default="outputTokensPerSecond", help="objective metric (default outputTokensPerSecond)"
+    )
+    parser.add_argument(
+        "--base-build", default="reference", help="'reference', a build id from --store, or a build directory"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="measured benchmark passes per experiment (default 5)"
+    )
+    parser.add_argument("--claude-model", default="claude-sonnet-4-5", help="Claude model for --agent claude")
+    parser.add_argument(
+        "--api-key-file", metavar="FILE", help="file holding the Anthropic API key (else $ANTHROPIC_API_KEY)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=2_000_000, help="token budget for --agent claude")
+    parser.add_argument("--instructions", default="", help="extra instructions for --agent claude")
+
+
+def _checked(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate flags into plain values; UsageError names the flag."""
+    from polymorph.api import Budget, Gates, Objective, parse_duration
+
+    if args.max_experiments < 1:
+        raise UsageError(f"--max-experiments must be a positive integer; got {args.max_experiments}")
+    for flag, value in (("--deadline", args.deadline), ("--experiment-timeout", args.experiment_timeout)):
+        try:
+            parse_duration(value)
+        except ValueError:
+            raise UsageError(f"{flag} must be a duration such as 90s, 10m or 2h; got {value!r}") from None
+    if not args.min_speedup >= 1:
+        raise UsageError(f"--min-speedup must be >= 1; got {args.min_speedup}")
+    if args.repeats < 2:
+        raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be a positive integer; got {args.max_tokens}")
+    if (
+        not args.campaign
+        or not all(c.isalnum() or c in "-." for c in args.campaign)
+        or args.campaign != args.campaign.lower()
+    ):
+        raise UsageError(f"--campaign must be lowercase letters, digits, '-' and '.'; got {args.campaign!r}")
+    try:
+        objective = Objective(metric=args.metric)
+    except ValueError:
+        raise UsageError(
+            f"--metric must be outputTokensPerSecond, totalTokensPerSecond, ttftP95 or itlP95; got {args.metric!r}"
+        ) from None
+    return {
+        "objective": objective,
+        "gates": Gates(minSpeedup=args.min_speedup),
+        "budget": Budget(
+            maxExperiments=args.max_experiments,
+            deadline=args.deadline,
+            sandboxes=1,
+            experimentTimeout=args.experiment_timeout,
+        ),
+    }
+
+
+def load_campaign_workload(path: str | None) -> tuple[Any, Any]:
+    """``(Workload, WorkloadProfile | None)`` from a workload file, or the sample profile."""
+    import yaml
+
+    from polymorph.api import WorkloadProfile
+    from polymorph_engine.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
+
+    if path is None:
+        return workload_from_profile(DEFAULT_WORKLOAD), DEFAULT_WORKLOAD
+    workload = load_workload(path)  # raises UsageError naming the file and field
+    if path.endswith(".jsonl"):
+        return workload, None
+    doc = yaml.safe_load(Path(path).read_text())
+    if isinstance(doc, dict) and set(doc) == {"profile"}:
+        doc = doc["profile"]
+    return workload, WorkloadProfile.model_validate(doc)
+
+
+def resolve_base_build(base: str, store: Any, cache: Path) -> tuple[Path, str]:
+    """``(directory, name)`` of ``--base-build``: reference, a stored build id, or a directory."""
+    from polymorph_engine.buildspec import REFERENCE_BUILD, read_build
+
+    if base == "reference":
+        return REFERENCE_BUILD, "reference"
+    if base.startswith("sha256:"):
+        try:
+            return store.get_build(base, cache), base
+        except StoreError as exc:
+            raise UsageError(f"--base-build {base}: {exc}") from None
+    path = Path(base)
+    if not path.is_dir():
+        raise UsageError(
+            f"--base-build must be 'reference', a build id sha256:<hex> or a build directory; got {base!r}"
+        )
+    try:
+        read_build(path)
+    except BuildError as exc:
+        raise UsageError(f"--base-build {base}: {exc}") from None
+    return path, str(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polymorph.store import build_id, open_store
+    from polymorph_engine.campaign import Campaign, CampaignSettings
+    from polymorph_engine.ledger import CampaignPaths, config_uid
+    from polymorph_engine.report import Display, final_json, render_report
+
+    checked = _checked(args)
+    store = open_store(args.store)
+    workload, profile = load_campaign_workload(args.workload)
+    agent: Any
+    if args.agent == "claude":
+        from polymorph_engine.agents.claude import ClaudeAgent, resolve_api_key
+
+        agent = ClaudeAgent(
+            api_key=resolve_api_key(args.api_key_file),
+            model=args.claude_model,
+            instructions=args.instructions,
+            max_tokens=args.max_tokens,
+        )
+    else:
+        from polymorph_engine.agents.search import SearchAgent
+
+        agent = SearchAgent()
+
+    from polymorph.api import parse_duration
+    from polymorph_engine.experiment import BenchSettings
+    from polymorph_engine.supervisor import Supervisor, WorkerStartError
+
+    with tempfile.TemporaryDirectory(prefix="polymorph-compile-") as tmp:
+        base_dir, base_name = resolve_base_build(args.base_build, store, Path(tmp) / "base")
+        identity = {
+            "model": args.model,
+            "device": args.device,
+            "dtype": args.dtype,
+            "workload": workload.digest,
+            "base": build_id(base_dir),
+            "agent": args.agent,
+            "agentModel": args.claude_model if args.agent == "claude" else "",
+            "objective": checked["objective"].model_dump(mode="json"),
+            "gates": checked["gates"].model_dump(mode="json"),
+            "repeats": args.repeats,
+        }
+        if args.fresh:
+            identity["fresh"] = secrets.token_hex(8)
+        paths = CampaignPaths("local", args.campaign, config_uid(identity))
+        settings = CampaignSettings(
+            paths=paths,
+            base_dir=base_dir,
+            base_build=base_name,
+            workload=profile,
+            workload_hash=workload.digest,
+            objective=checked["objective"],
+            gates=checked["gates"],
+            budget=checked["budget"],
+            model=args.model,
+            hardware=args.device,
+            agent=args.agent,
+        )
+        display = Display(
+            total=checked["budget"].maxExperiments, objective=checked["objective"], json_mode=args.json
+        )
+        supervisor = Supervisor(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            workload=workload,
+            gates=checked["gates"],
+            experiment_timeout=parse_duration(args.experiment_timeout),
+            settings=BenchSettings(repeats=args.repeats),
+        )
+        try:
+            with supervisor, display:
+                campaign = Campaign(settings, store, supervisor, on_record=display.on_record, log=display.log)
+                display.begin(paths.prefix, len(campaign.ledger))
+                outcome = campaign.run(agent)
+        except WorkerStartError as exc:
+            raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(final_json(outcome, supervisor.stats, store, paths), indent=2))
+    else:
+        render_report(outcome, supervisor.stats, store, paths, args.store)
+    failed = outcome.stopReason in ("agentError", "baselineFailed") or outcome.result["state"] == "noBaseline"
+    return 1 if failed else 0

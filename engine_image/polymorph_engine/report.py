@@ -1,0 +1,217 @@
+"""What ``polymorph compile`` shows: live progress while a campaign runs, then its report.
+
+``Display`` draws a rich progress bar and a live leaderboard when stdout is a terminal, and
+prints one plain line per experiment otherwise (to stderr under ``--json``, so stdout holds
+only the final object). ``final_json`` and ``render_report`` turn a ``CampaignOutcome`` plus
+the supervisor's stats into the final JSON object or the human report. ``overhead`` computes
+the cold-start versus hot-swap comparison.
+
+It knows nothing about how campaigns run; it only formats what they return.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any, TextIO
+
+from polymorph.api import ExperimentRecord, Objective
+from polymorph.store import Store
+from polymorph_engine.campaign import CampaignOutcome, objective_value
+from polymorph_engine.ledger import CampaignPaths
+
+__all__ = ["Display", "experiments_per_hour", "final_json", "overhead", "render_report"]
+
+
+def _short(build: str) -> str:
+    return build[:19] if build.startswith("sha256:") else build
+
+
+def overhead(records: list[ExperimentRecord], stats: Any) -> dict[str, Any]:
+    """Cold start (worker spawn, imports, weights, golden) versus the hot swap each experiment paid."""
+    loads = [r.timings.loadS for r in records if r.timings.totalS > 0]
+    totals = list(getattr(stats, "experiment_seconds", []) or [r.timings.totalS for r in records])
+    cold = float(getattr(stats, "mean_load_s", 0.0) or 0.0)
+    swap = sum(loads) / len(loads) if loads else 0.0
+    return {
+        "coldStartS": round(cold, 3),
+        "hotSwapS": round(swap, 4),
+        "experimentS": round(sum(totals) / len(totals), 3) if totals else 0.0,
+        "workerStarts": int(getattr(stats, "starts", 0)),
+        "restarts": int(getattr(stats, "restarts", 0)),
+        "savedS": round(max(0.0, cold - swap) * len(totals), 1),
+    }
+
+
+def experiments_per_hour(outcome: CampaignOutcome) -> float:
+    """Experiments this run executed per hour of its wall time (ledger replays excluded)."""
+    if outcome.ranThisSession == 0 or outcome.sessionSeconds <= 0:
+        return 0.0
+    return round(outcome.ranThisSession * 3600.0 / outcome.sessionSeconds, 1)
+
+
+def final_json(outcome: CampaignOutcome, stats: Any, store: Store, paths: CampaignPaths) -> dict[str, Any]:
+    """The ``--json`` object: baseline, best (build, value, speedup, noise), experiments, experimentsPerHour."""
+    result = outcome.result
+    best = result.get("best")
+    baseline = result.get("baseline")
+    return {
+        "state": result["state"],
+        "message": result.get("message", ""),
+        "stopReason": outcome.stopReason,
+        "stopMessage": outcome.message,
+        "objective": result["objective"]["metric"],
+        "campaign": {"prefix": paths.prefix, "store": store.uri, "result": store.uri_for(paths.result)},
+        "baseline": {"build": baseline["build"], "value": baseline["value"], "noise": baseline["noise"]}
+        if baseline
+        else None,
+        "best": (
+            {
+                "build": best["build"],
+                "value": best["value"],
+                "speedup": best["speedup"],
+                "noise": best["speedupNoise"],
+                "uri": best.get("uri"),
+                "knobs": best.get("knobs", {}),
+            }
+            if best
+            else None
+        ),
+        "experiments": result["experiments"]
+        | {"ranThisRun": outcome.ranThisSession, "fromLedger": outcome.fromLedger},
+        "experimentsPerHour": experiments_per_hour(outcome),
+        "overhead": overhead(outcome.records, stats),
+        "tokens": outcome.progress.get("tokens"),
+    }
+
+
+def render_report(
+    outcome: CampaignOutcome, stats: Any, store: Store, paths: CampaignPaths, store_arg: str | None
+) -> None:
+    """Print the human report on stdout."""
+    doc = final_json(outcome, stats, store, paths)
+    out = sys.stdout
+    metric = doc["objective"]
+    print("", file=out)
+    print(f"campaign   {paths.prefix} in {store.uri}", file=out)
+    print(f"stopped    {outcome.stopReason}: {outcome.message}", file=out)
+    e = doc["experiments"]
+    print(
+        f"experiments {e['total']} ({e['passed']} passed, {e['rejected']} rejected, {e['failed']} failed, "
+        f"{e['crashed']} crashed, {e['timeout']} timed out); {e['ranThisRun']} ran now, {e['fromLedger']} from the ledger",
+        file=out,
+    )
+    if doc["baseline"]:
+        print(
+            f"baseline   {doc['baseline']['value']:.1f} {metric} ±{doc['baseline']['noise'] * 100:.1f}%",
+            file=out,
+        )
+    best = doc["best"]
+    if best:
+        print(
+            f"best       {best['value']:.1f} {metric}: {best['speedup']:.2f}x ±{best['noise'] * 100:.1f}% (noise)",
+            file=out,
+        )
+        print(f"build      {best['build']}", file=out)
+        print(f"stored     {best['uri']}", file=out)
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(best["knobs"].items()))
+        print(f"knobs      {knobs}", file=out)
+        store_flag = f" --store {store_arg}" if store_arg else ""
+        print(f"run again  polymorph experiment --build {best['build']}{store_flag}", file=out)
+    else:
+        print(f"result     {doc['message']}", file=out)
+    o = doc["overhead"]
+    print(f"throughput {doc['experimentsPerHour']:.0f} experiments/hour", file=out)
+    print(
+        f"hot reload cold start {o['coldStartS']:.2f}s (spawn, imports, weights, golden) vs hot swap {o['hotSwapS'] * 1000:.1f}ms "
+        f"per build; experiments took {o['experimentS']:.2f}s each; restarting instead would have cost ~{o['savedS']:.0f}s more",
+        file=out,
+    )
+
+
+class Display:
+    """Live campaign progress: rich on a terminal, plain lines otherwise."""
+
+    def __init__(
+        self, total: int, objective: Objective, json_mode: bool = False, stream: TextIO | None = None
+    ) -> None:
+        self.total = total
+        self.objective = objective
+        self.stream = stream or (sys.stderr if json_mode else sys.stdout)
+        self.rich = not json_mode and self.stream.isatty()
+        self.count = 0
+        self._live: Any = None
+        self._progress: Any = None
+        self._task: Any = None
+        self._board: dict[str, tuple[float, str, str]] = {}
+        self._baseline: float | None = None
+
+    def __enter__(self) -> Display:
+        if self.rich:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]compiling"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._task = self._progress.add_task("", total=self.total)
+            self._live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(exc_type, exc, tb)
+            self._live = None
+
+    def begin(self, prefix: str, recorded: int) -> None:
+        note = f"resuming: {recorded} experiments already in the ledger" if recorded else "new campaign"
+        self.log(f"campaign {prefix} ({note})")
+
+    def log(self, message: str) -> None:
+        if self._live is not None:
+            self._live.console.print(message)
+        else:
+            print(message, file=self.stream, flush=True)
+
+    def on_record(self, record: ExperimentRecord, cached: bool, progress: dict[str, Any]) -> None:
+        self.count = progress["counts"]["total"]
+        value = objective_value(record.figures, self.objective) if record.figures is not None else None
+        if progress.get("baseline"):
+            self._baseline = progress["baseline"]["value"]
+        ratio: float | None = None
+        if value is not None and self._baseline:
+            ratio = value / self._baseline if self.objective.maximize else self._baseline / value
+        if ratio is not None and record.status == "passed":
+            self._board[record.build] = (ratio, _short(record.build), record.description[:48])
+        speed = f"{ratio:.2f}x" if ratio is not None else ""
+        noise = f"±{record.figures.noise * 100:.0f}%" if record.figures is not None else ""
+        figure = f"{value:.1f} {noise}" if value is not None else (record.error or "")[:60]
+        line = f"[{self.count:>3}/{self.total}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
+        if cached:
+            line += " (from ledger)"
+        if self._live is not None:
+            self._progress.update(
+                self._task, completed=min(self.count, self.total), description=record.description[:40]
+            )
+            self._live.update(self._render())
+        else:
+            print(line.rstrip(), file=self.stream, flush=True)
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table(title="leaderboard", expand=False)
+        for col in ("#", "speedup", "build", "change"):
+            table.add_column(col)
+        for i, (ratio, build, desc) in enumerate(sorted(self._board.values(), key=lambda x: -x[0])[:5], 1):
+            table.add_row(str(i), f"{ratio:.2f}x", build, desc)
+        return Group(self._progress, table)
