@@ -309,3 +309,19 @@ def test_compilejob_status() -> None:
         CompileJob.model_validate(
             {"metadata": {"name": "c"}, "spec": {"deploymentRef": {"name": "m"}}, "status": {"phase": "Done"}}
         )
+
+
+def test_public_api_is_complete() -> None:
+    import polymorph.api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    for name in (
+        "ModelDeployment",
+        "CompileJob",
+        "ModelDeploymentSpec",
+        "CompileJobSpec",
+        "WorkloadProfile",
+        "Gates",
+    ):
+        assert name in api.__all__

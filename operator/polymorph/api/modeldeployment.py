@@ -186,7 +186,7 @@ class EngineSpec(StrictModel):
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     args: list[str] = Field(default_factory=list, description="Extra arguments to `polymorph engine serve`.")
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, max_length=256)
     port: int = Field(default=8000, ge=1, le=65535)
 
 
