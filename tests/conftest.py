@@ -5,6 +5,7 @@
 - ``s3_env`` (function): points the standard AWS environment at that server with dummy
   credentials (and away from any real ``~/.aws``), sets ``POLYMORPH_S3_ENDPOINT``, and
   undoes it all after the test; yields the endpoint URL.
+- ``s3_session`` (session): a boto3 session with the same dummy credentials, for cheap clients.
 - ``s3_bucket`` (function): a fresh, empty bucket name on the server.
 - ``s3_store`` / ``local_store`` (function): an empty store of each kind.
 - ``store`` (function): parametrised over ``local`` and ``s3``, so a test using it runs
@@ -17,11 +18,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
 from polymorph.store import LocalStore, S3Store, Store
 
 S3_REGION = "us-east-1"
+S3_DUMMY_KEY = "polymorph-test"
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +41,14 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def s3_session() -> boto3.session.Session:
+    """One boto3 session with the dummy credentials, shared so each test's client is cheap to make."""
+    return boto3.session.Session(
+        aws_access_key_id=S3_DUMMY_KEY, aws_secret_access_key=S3_DUMMY_KEY, region_name=S3_REGION
+    )
+
+
 @pytest.fixture
 def s3_env(s3_server: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
     """The AWS environment for the test server, reverted after the test; returns the endpoint."""
@@ -50,8 +61,8 @@ def s3_env(s3_server: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch
         "AWS_ROLE_ARN",
     ):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "polymorph-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "polymorph-test")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_DUMMY_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_DUMMY_KEY)
     monkeypatch.setenv("AWS_REGION", S3_REGION)
     monkeypatch.setenv("AWS_DEFAULT_REGION", S3_REGION)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(nowhere))
@@ -75,9 +86,9 @@ def s3_bucket(s3_env: str) -> str:
 
 
 @pytest.fixture
-def s3_store(s3_env: str, s3_bucket: str) -> S3Store:
+def s3_store(s3_env: str, s3_bucket: str, s3_session: boto3.session.Session) -> S3Store:
     """An empty S3Store in a fresh bucket on the test server."""
-    return S3Store(s3_bucket, endpoint_url=s3_env, region=S3_REGION)
+    return S3Store(s3_bucket, endpoint_url=s3_env, region=S3_REGION, session=s3_session)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from polymorph.store.base import JsonRecord, KeyNotFound, Store, complete_lines,
 from polymorph.store.layout import check_key, check_prefix
 
 if TYPE_CHECKING:
+    from boto3.session import Session
     from mypy_boto3_s3 import S3Client
 
 __all__ = ["S3Store"]
@@ -36,8 +37,15 @@ class S3Store(Store):
     """A store in ``s3://bucket/prefix``. The bucket must exist; the store never creates it."""
 
     def __init__(
-        self, bucket: str, prefix: str = "", endpoint_url: str | None = None, region: str | None = None
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        *,
+        session: Session | None = None,
     ) -> None:
+        """``session`` lets callers that open many stores share one boto3 session (clients are cheaper then)."""
         import boto3  # imported here so that local-only users never pay for it
         from botocore.config import Config
 
@@ -56,7 +64,7 @@ class S3Store(Store):
             read_timeout=60,
             s3={"addressing_style": "path"} if endpoint_url else {},
         )
-        self._client: S3Client = boto3.session.Session().client(
+        self._client: S3Client = (session or boto3.session.Session()).client(
             "s3", endpoint_url=endpoint_url, region_name=region, config=config
         )
 
@@ -87,7 +95,7 @@ class S3Store(Store):
                 raise KeyNotFound(f"store {self.uri} has no object {key}") from None
             if code == "NoSuchBucket":
                 raise StoreError(
-                    f"the bucket of store {self.uri} does not exist; create {self.bucket} first"
+                    f"the bucket {self.bucket} of store {self.uri} does not exist; create it first"
                 ) from None
             if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
                 raise StoreError(
