@@ -12,8 +12,9 @@ A request leaves (its slot is freed) as soon as it finishes: ``max_new_tokens`` 
 
 Threads: ``add``, ``cancel`` and ``has_work`` may be called from any thread. ``step`` and
 ``close`` must be called from one thread only (the engine thread), which is also the only
-thread that touches the hot path and the cache. ``step`` never blocks on the queue; a
-caller with nothing to do should wait on its own condition (e.g. poll ``has_work``).
+thread that touches the hot path and the cache. ``step`` never blocks on the queue; an
+engine thread with nothing to do calls ``wait_for_work(timeout)``, which sleeps until
+``add`` is called (never spin on ``step``: it would starve the threads calling ``add``).
 
 It knows nothing about timing, benchmarks, HTTP or tokenisation: requests carry token ids.
 Shapes: S = prompt length, B = requests in one decode step, V = vocab size.
@@ -85,6 +86,7 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
 
     # -- any thread -------------------------------------------------------------------------
 
@@ -101,6 +103,7 @@ class Scheduler:
             raise ValueError(f"request {request.id} was already scheduled; make a new Request")
         with self._lock:
             self._waiting.append(request)
+            self._work.notify_all()
 
     def cancel(self, request: Request) -> None:
         """Stop ``request``: at once if it is waiting, at the next ``step`` if it is running."""
@@ -115,6 +118,14 @@ class Scheduler:
         """Whether any request is waiting or running."""
         with self._lock:
             return bool(self._waiting or self._running)
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        """Block until a request is waiting or running (or ``timeout`` seconds pass); return ``has_work()``.
+
+        The engine thread calls this when idle instead of spinning on ``step``.
+        """
+        with self._work:
+            return self._work.wait_for(lambda: bool(self._waiting or self._running), timeout)
 
     @property
     def num_waiting(self) -> int:

@@ -27,6 +27,7 @@ Shapes: P = prompts, K = steps, V = vocab size.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,30 +76,42 @@ def default_prompts(vocab_size: int, n: int = 4, seed: int = 1234) -> list[list[
 
 def _run(
     hotpath: HotPath,
-    prompts: list[list[int]] | tuple[tuple[int, ...], ...],
+    prompts: Sequence[Sequence[int]],
     steps: int,
     device: torch.device,
     forced: torch.Tensor | None,
+    vocab_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled tokens [P, K] and logits [P, K, V] (both on CPU); feeds ``forced`` [P, K] if given."""
     n = len(prompts)
     cache: Any = hotpath.new_cache(n, max(len(p) for p in prompts) + steps)
+    all_logits: list[torch.Tensor] = []
+    all_tokens: list[torch.Tensor] = []
+
+    def record(logits: torch.Tensor, k: int) -> torch.Tensor:
+        if tuple(logits.shape) != (n, vocab_size):
+            raise ValueError(
+                f"the build returned logits of shape {tuple(logits.shape)} at step {k}, expected {(n, vocab_size)}"
+            )
+        sampled = hotpath.sample(logits)  # [P]
+        if tuple(sampled.shape) != (n,):
+            raise ValueError(
+                f"the build sampled tokens of shape {tuple(sampled.shape)} at step {k}, expected {(n,)}"
+            )
+        all_logits.append(logits.float().cpu())
+        all_tokens.append(sampled.cpu())
+        return sampled
+
     try:
         first = [
             hotpath.prefill(cache, i, torch.tensor(p, dtype=torch.int64, device=device))
             for i, p in enumerate(prompts)
         ]
-        logits = torch.stack(first)  # [P, V]
+        sampled = record(torch.stack(first), 0)  # [P, V]
         slots = torch.arange(n, dtype=torch.int64, device=device)  # [P]
-        all_logits = [logits.float().cpu()]
-        sampled = hotpath.sample(logits)  # [P]
-        all_tokens = [sampled.cpu()]
         for k in range(1, steps):
             feed = forced[:, k - 1].to(device) if forced is not None else sampled
-            logits = hotpath.decode(cache, slots, feed)  # [P, V]
-            sampled = hotpath.sample(logits)
-            all_logits.append(logits.float().cpu())
-            all_tokens.append(sampled.cpu())
+            sampled = record(hotpath.decode(cache, slots, feed), k)
     finally:
         for i in range(n):
             hotpath.free(cache, i)
@@ -117,7 +130,9 @@ def golden(model: LoadedModel, prompts: list[list[int]], steps: int) -> Golden:
         raise ValueError("golden needs at least one prompt and one step")
     hotpath, _, _ = load_hotpath(model, REFERENCE_BUILD)
     try:
-        tokens, logits = _run(hotpath, prompts, steps, torch.device(model.device), forced=None)
+        tokens, logits = _run(
+            hotpath, prompts, steps, torch.device(model.device), None, model.config.vocab_size
+        )
     finally:
         hotpath.close()
     if not bool(torch.isfinite(logits).all()):
@@ -131,11 +146,8 @@ def verify(
     hotpath: HotPath, golden: Golden, gates: Gates, device: torch.device | str = "cpu"
 ) -> Verification:
     """Judge ``hotpath`` against ``golden`` (see the module docstring for the measures)."""
-    tokens, logits = _run(hotpath, golden.prompts, golden.steps, torch.device(device), forced=golden.tokens)
-    if logits.shape != golden.logits.shape:
-        raise ValueError(
-            f"the build returned logits of shape {tuple(logits.shape)}, expected {tuple(golden.logits.shape)}"
-        )
+    vocab_size = int(golden.logits.shape[-1])
+    tokens, logits = _run(hotpath, golden.prompts, golden.steps, torch.device(device), golden.tokens, vocab_size)
     finite_mask = torch.isfinite(logits)
     finite = bool(finite_mask.all())
     agreement = float((tokens == golden.tokens).float().mean())

@@ -210,14 +210,19 @@ def fit_workload(
     scaled = [
         replace(
             r,
-            input_tokens=max(1, math.ceil(r.input_tokens * in_factor)),
-            output_tokens=max(1, math.ceil(r.output_tokens * out_factor)),
+            input_tokens=_scale(r.input_tokens, in_factor),
+            output_tokens=_scale(r.output_tokens, out_factor),
             arrival_s=r.arrival_s * time_scale,
         )
         for r in requests
     ]
     concurrency = min(workload.concurrency, max_concurrency) if max_concurrency else workload.concurrency
     return Workload(tuple(scaled), concurrency, workload.digest)
+
+
+def _scale(length: int, factor: float) -> int:
+    # The epsilon keeps float noise (10 * 0.2 = 2.0000000000000004) from rounding up a whole token.
+    return max(1, math.ceil(length * factor - 1e-9))
 
 
 def _factor(lengths: list[int], cap: int | None) -> float:
