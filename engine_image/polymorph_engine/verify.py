@@ -147,7 +147,9 @@ def verify(
 ) -> Verification:
     """Judge ``hotpath`` against ``golden`` (see the module docstring for the measures)."""
     vocab_size = int(golden.logits.shape[-1])
-    tokens, logits = _run(hotpath, golden.prompts, golden.steps, torch.device(device), golden.tokens, vocab_size)
+    tokens, logits = _run(
+        hotpath, golden.prompts, golden.steps, torch.device(device), golden.tokens, vocab_size
+    )
     finite_mask = torch.isfinite(logits)
     finite = bool(finite_mask.all())
     agreement = float((tokens == golden.tokens).float().mean())
