@@ -168,10 +168,15 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         elif key == "items":
             out["items"] = _structural(value, defs)
         elif key == "description":
-            out["description"] = " ".join(str(value).split())
+            out["description"] = " ".join(str(value).split()).replace("``", "`")
         else:
             out[key] = copy.deepcopy(value)
 
+    default = node.get("default")
+    if isinstance(default, str | int | float) and default != "":
+        # Defaults stay in the models (the operator applies them); the schema only documents them.
+        shown = str(default).lower() if isinstance(default, bool) else str(default)
+        out["description"] = f"{out.get('description', '').rstrip('.')}. Default: {shown}.".lstrip(". ")
     if "type" not in out and "x-kubernetes-int-or-string" not in out:
         out["type"] = "object"
         out["x-kubernetes-preserve-unknown-fields"] = True

@@ -90,10 +90,16 @@ class CompileJobSpec(StrictModel):
         )
     )
 
-    deploymentRef: DeploymentRef | None = None
-    model: ModelSource | None = None
-    hardware: HardwareSpec | None = None
-    baseBuild: BuildId = "reference"
+    deploymentRef: DeploymentRef | None = Field(
+        default=None, description="The ModelDeployment to compile for."
+    )
+    model: ModelSource | None = Field(
+        default=None, description="The model, for a standalone job (with hardware)."
+    )
+    hardware: HardwareSpec | None = Field(
+        default=None, description="The hardware, for a standalone job (with model)."
+    )
+    baseBuild: BuildId = Field(default="reference", description="The build experiments start from.")
     workload: WorkloadSpec | None = Field(default=None, description="Omitted: the deployment's live profile.")
     agent: AgentSpec = Field(default_factory=AgentSpec)
     objective: Objective = Field(default_factory=Objective)

@@ -72,8 +72,10 @@ class ModelSource(StrictModel):
         description="s3://bucket/prefix/, pvc://claim/path, or a local path.",
     )
     architecture: str | None = Field(default=None, description="Read from config.json when omitted.")
-    dtype: Dtype = "bfloat16"
-    maxSeqLen: int = Field(default=8192, ge=1, le=1_048_576)
+    dtype: Dtype = Field(default="bfloat16", description="Weight and activation dtype.")
+    maxSeqLen: int = Field(
+        default=8192, ge=1, le=1_048_576, description="Longest sequence (prompt + output) served."
+    )
 
     @field_validator("uri")
     @classmethod
@@ -98,15 +100,15 @@ class Toleration(StrictModel):
 class HardwareSpec(StrictModel):
     """The accelerator profile a model is served and compiled on."""
 
-    accelerator: Accelerator
+    accelerator: Accelerator = Field(description="The accelerator profile builds are compiled for.")
     count: int = Field(default=1, ge=1, le=64, description="Accelerators per replica.")
     resourceName: str | None = Field(
         default=None,
         min_length=1,
         description="Extended resource to request; defaults to the accelerator's (nvidia.com/gpu, amd.com/gpu, aws.amazon.com/neuron).",
     )
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods must match.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the pods tolerate.")
 
     def resource_name(self) -> str | None:
         """The extended resource name to request ``count`` of, or None for CPU-only."""
@@ -211,19 +213,25 @@ class CompileTemplate(StrictModel):
 class RecompileSpec(StrictModel):
     """When traffic drifts from what the active build was tuned for, open a CompileJob."""
 
-    enabled: bool = True
-    driftThreshold: float = Field(default=0.25, gt=0, le=1)
-    window: Duration = "30m"
-    minRequests: int = Field(default=200, ge=0)
-    cooldown: Duration = "6h"
-    compile: CompileTemplate = Field(default_factory=CompileTemplate)
+    enabled: bool = Field(default=True, description="Open CompileJobs when traffic drifts.")
+    driftThreshold: float = Field(
+        default=0.25, gt=0, le=1, description="Drift score (0..1] that opens a CompileJob."
+    )
+    window: Duration = Field(default="30m", description="How much live traffic the profile is read over.")
+    minRequests: int = Field(
+        default=200, ge=0, description="Requests needed in the window before drift counts."
+    )
+    cooldown: Duration = Field(
+        default="6h", description="Least time between two CompileJobs of this deployment."
+    )
+    compile: CompileTemplate = Field(default_factory=CompileTemplate, description="The CompileJob template.")
 
 
 class RolloutStep(StrictModel):
     """Send ``weight`` percent of replicas to the canary, then hold for ``pause`` while analysing."""
 
-    weight: int = Field(ge=1, le=100)
-    pause: Duration = "10m"
+    weight: int = Field(ge=1, le=100, description="Percent of replicas on the canary, 1..100.")
+    pause: Duration = Field(default="10m", description="How long the step holds while analysis runs.")
 
 
 class ThresholdRange(StrictModel):
@@ -268,8 +276,10 @@ class AnalysisMetric(StrictModel):
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
-    builtin: BuiltinMetric | None = None
-    query: str | None = Field(default=None, min_length=1)
+    builtin: BuiltinMetric | None = Field(
+        default=None, description="A metric the operator knows (canary/stable ratios)."
+    )
+    query: str | None = Field(default=None, min_length=1, description="A PromQL query returning one number.")
     thresholdRange: ThresholdRange
 
     @model_validator(mode="after")
@@ -302,11 +312,13 @@ class AnalysisSpec(StrictModel):
         )
     )
 
-    interval: Duration = "1m"
+    interval: Duration = Field(default="1m", description="How often each metric is checked.")
     failureLimit: int = Field(
         default=2, ge=0, description="Failed checks tolerated before the rollout fails."
     )
-    noDataPolicy: Literal["Inconclusive", "Pass", "Fail"] = "Inconclusive"
+    noDataPolicy: Literal["Inconclusive", "Pass", "Fail"] = Field(
+        default="Inconclusive", description="What a check with no data counts as."
+    )
     metrics: list[AnalysisMetric] = Field(default_factory=_default_metrics, max_length=20)
 
     @model_validator(mode="after")
@@ -338,7 +350,9 @@ class RolloutSpec(StrictModel):
 
     steps: list[RolloutStep] = Field(default_factory=_default_steps, min_length=1, max_length=20)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
-    onFailure: Literal["Rollback", "Pause"] = "Rollback"
+    onFailure: Literal["Rollback", "Pause"] = Field(
+        default="Rollback", description="What a failed rollout does."
+    )
 
     @model_validator(mode="after")
     def _increasing(self) -> RolloutSpec:
@@ -357,7 +371,7 @@ class ModelDeploymentSpec(StrictModel):
 
     model: ModelSource
     hardware: HardwareSpec
-    replicas: int = Field(default=1, ge=0, le=10_000)
+    replicas: int = Field(default=1, ge=0, le=10_000, description="Serving replicas (stable + canary).")
     engine: EngineSpec = Field(default_factory=EngineSpec)
     build: BuildSpec = Field(default_factory=BuildSpec)
     recompile: RecompileSpec = Field(default_factory=RecompileSpec)
