@@ -1,10 +1,10 @@
 """Fixtures shared by every test: artifact stores, local and S3, the S3 one over real HTTP.
 
-- ``s3_server`` (session): moto's ``ThreadedMotoServer`` on 127.0.0.1 at a free port;
-  yields its endpoint URL. It speaks the real S3 wire protocol, so boto3 is never patched.
-- ``s3_env`` (function): points the standard AWS environment at that server with dummy
-  credentials (and away from any real ``~/.aws``), sets ``POLYMORPH_S3_ENDPOINT``, and
-  undoes it all after the test; yields the endpoint URL.
+- ``moto_s3`` (session): moto's ``ThreadedMotoServer`` on 127.0.0.1 at a free port; yields
+  its endpoint URL. It speaks the real S3 wire protocol, so boto3 is never patched.
+- ``s3_server`` (function): that endpoint URL, with the standard AWS environment pointed at
+  it for this test only: dummy credentials (and no real ``~/.aws``), region,
+  ``AWS_ENDPOINT_URL`` and ``POLYMORPH_S3_ENDPOINT``; all undone after the test.
 - ``s3_session`` (session): a boto3 session with the same dummy credentials, for cheap clients.
 - ``s3_bucket`` (function): a fresh, empty bucket name on the server.
 - ``s3_store`` / ``local_store`` (function): an empty store of each kind.
@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +29,8 @@ S3_DUMMY_KEY = "polymorph-test"
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[str]:
-    """Endpoint URL (``http://127.0.0.1:<port>``) of an in-process moto S3 server."""
+def moto_s3() -> Iterator[str]:
+    """Endpoint URL (``http://127.0.0.1:<port>``) of an in-process moto S3 server, for the whole session."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -50,14 +51,13 @@ def s3_session() -> boto3.session.Session:
 
 
 @pytest.fixture
-def s3_env(s3_server: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The AWS environment for the test server, reverted after the test; returns the endpoint."""
-    nowhere = tmp_path_factory.mktemp("aws") / "absent"
+def s3_server(moto_s3: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test S3 server's endpoint URL, with the AWS environment pointed at it for this test only."""
     for name in (
         "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
         "AWS_SESSION_TOKEN",
         "AWS_SECURITY_TOKEN",
-        "AWS_DEFAULT_PROFILE",
         "AWS_ROLE_ARN",
     ):
         monkeypatch.delenv(name, raising=False)
@@ -65,30 +65,26 @@ def s3_env(s3_server: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_DUMMY_KEY)
     monkeypatch.setenv("AWS_REGION", S3_REGION)
     monkeypatch.setenv("AWS_DEFAULT_REGION", S3_REGION)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(nowhere))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(nowhere))
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)  # never read a developer's real ~/.aws
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("POLYMORPH_S3_ENDPOINT", s3_server)
-    return s3_server
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3)
+    monkeypatch.setenv("POLYMORPH_S3_ENDPOINT", moto_s3)
+    return moto_s3
 
 
 @pytest.fixture
-def s3_bucket(s3_env: str) -> str:
+def s3_bucket(s3_server: str, s3_session: boto3.session.Session) -> str:
     """A new, empty bucket on the test server."""
-    import boto3
-
     name = f"polymorph-test-{uuid.uuid4().hex[:16]}"
-    boto3.session.Session().client("s3", endpoint_url=s3_env, region_name=S3_REGION).create_bucket(
-        Bucket=name
-    )
+    s3_session.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return name
 
 
 @pytest.fixture
-def s3_store(s3_env: str, s3_bucket: str, s3_session: boto3.session.Session) -> S3Store:
+def s3_store(s3_server: str, s3_bucket: str, s3_session: boto3.session.Session) -> S3Store:
     """An empty S3Store in a fresh bucket on the test server."""
-    return S3Store(s3_bucket, endpoint_url=s3_env, region=S3_REGION, session=s3_session)
+    return S3Store(s3_bucket, endpoint_url=s3_server, region=S3_REGION, session=s3_session)
 
 
 @pytest.fixture

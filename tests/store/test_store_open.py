@@ -34,9 +34,9 @@ def test_file_uris_and_plain_paths(tmp_path: Path) -> None:
     assert open_store(str(tmp_path / "p"), env={}).uri == str(tmp_path / "p")
 
 
-def test_s3_uri_takes_endpoint_and_region_from_env(s3_env: str) -> None:
+def test_s3_uri_takes_endpoint_and_region_from_env(s3_server: str) -> None:
     env = {
-        "POLYMORPH_S3_ENDPOINT": s3_env,
+        "POLYMORPH_S3_ENDPOINT": s3_server,
         "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
         "AWS_REGION": "eu-west-3",
         "AWS_DEFAULT_REGION": "us-west-2",
@@ -46,14 +46,14 @@ def test_s3_uri_takes_endpoint_and_region_from_env(s3_env: str) -> None:
     assert (store.bucket, store.prefix, store.endpoint_url, store.region) == (
         "my-bucket",
         "some/prefix",
-        s3_env,
+        s3_server,
         "eu-west-3",
     )
     assert store.uri == "s3://my-bucket/some/prefix"
-    fallback = open_store("s3://b-1", env={"AWS_ENDPOINT_URL": s3_env, "AWS_DEFAULT_REGION": "us-west-2"})
+    fallback = open_store("s3://b-1", env={"AWS_ENDPOINT_URL": s3_server, "AWS_DEFAULT_REGION": "us-west-2"})
     assert isinstance(fallback, S3Store)
     assert (fallback.endpoint_url, fallback.region, fallback.prefix, fallback.uri) == (
-        s3_env,
+        s3_server,
         "us-west-2",
         "",
         "s3://b-1",
@@ -80,25 +80,25 @@ def test_bad_uris_are_one_sentence_usage_errors(uri: str, message: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_bad_endpoint_is_a_usage_error(s3_env: str) -> None:
+def test_bad_endpoint_is_a_usage_error(s3_server: str) -> None:
     with pytest.raises(UsageError, match="not a valid URL"):
         open_store("s3://bucket-x", env={"POLYMORPH_S3_ENDPOINT": "not a url"})
 
 
-def test_prefixes_isolate_stores_in_one_bucket(s3_env: str, s3_bucket: str) -> None:
-    one = S3Store(s3_bucket, prefix="team-a", endpoint_url=s3_env)
-    two = S3Store(s3_bucket, prefix="team-b/", endpoint_url=s3_env)
+def test_prefixes_isolate_stores_in_one_bucket(s3_server: str, s3_bucket: str) -> None:
+    one = S3Store(s3_bucket, prefix="team-a", endpoint_url=s3_server)
+    two = S3Store(s3_bucket, prefix="team-b/", endpoint_url=s3_server)
     one.put_json("doc.json", {"team": "a"})
     two.put_json("doc.json", {"team": "b"})
     assert one.list("") == ["doc.json"] and two.list("") == ["doc.json"]
     assert one.get_json("doc.json") == {"team": "a"} and two.get_json("doc.json") == {"team": "b"}
     assert one.uri_for("doc.json") == f"s3://{s3_bucket}/team-a/doc.json"
-    raw = boto3.session.Session().client("s3", endpoint_url=s3_env).list_objects_v2(Bucket=s3_bucket)
+    raw = boto3.session.Session().client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=s3_bucket)
     assert sorted(o["Key"] for o in raw["Contents"]) == ["team-a/doc.json", "team-b/doc.json"]
 
 
 def test_missing_bucket_is_a_clear_error_that_never_shows_credentials(
-    s3_env: str, monkeypatch: pytest.MonkeyPatch
+    s3_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-print-me")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-never-print-me")
@@ -112,7 +112,7 @@ def test_missing_bucket_is_a_clear_error_that_never_shows_credentials(
     assert "never-print-me" not in repr(store)
 
 
-def test_missing_credentials_are_named(s3_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_credentials_are_named(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     store = open_store("s3://whatever-bucket")
@@ -120,7 +120,7 @@ def test_missing_credentials_are_named(s3_env: str, monkeypatch: pytest.MonkeyPa
         store.put_bytes("k", b"v")
 
 
-def test_unreachable_endpoint_is_a_clear_error(s3_env: str) -> None:
+def test_unreachable_endpoint_is_a_clear_error(s3_server: str) -> None:
     with socket.socket() as sock:  # a port nobody listens on once the socket is closed
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -1,4 +1,4 @@
-"""The artifact store interface and everything built on its five byte-level primitives.
+"""The artifact store interface, and everything built on its byte-level primitives.
 
 A ``Store`` implementation provides ``put_bytes``, ``get_bytes``, ``exists``, ``list``,
 ``delete``, ``append_jsonl`` and ``uri_for``. This module builds the rest on top of them:
@@ -14,10 +14,11 @@ Contracts every implementation keeps:
   without its newline (a write in progress, or one cut short by a killed writer) is not a
   record and is skipped; the next append drops it.
 - ``put_build`` is idempotent and writes the archive before the manifest, so a build whose
-  manifest exists is complete; ``has_build`` relies on that.
+  manifest exists has its archive too; ``has_build`` checks both anyway.
 - ``get_build`` verifies the archive against its id and refuses a tampered one.
 
-It knows nothing about Kubernetes, the engine, or what a build's files mean.
+It knows nothing about Kubernetes, the engine, or what a build's files mean (it reads only
+the ``name`` in ``build.toml`` to title a default manifest).
 """
 
 from __future__ import annotations
