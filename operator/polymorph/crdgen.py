@@ -195,6 +195,8 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     props["apiVersion"] = {"type": "string", "description": "polymorph.dev/v1alpha1"}
     props["kind"] = {"type": "string", "description": model.__name__}
     props["metadata"] = {"type": "object"}
+    # kopf keeps its handler progress in status.kopf; pruning it makes every patch look inconsistent.
+    props["status"]["x-kubernetes-preserve-unknown-fields"] = True
     schema["required"] = ["spec"]
     problems = structural_problems(schema)
     if problems:

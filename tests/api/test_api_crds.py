@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,9 @@ def test_crd_shape(resource: crdgen.Resource) -> None:
     schema = version["schema"]["openAPIV3Schema"]
     assert crdgen.structural_problems(schema) == []
     assert set(schema["properties"]) == {"apiVersion", "kind", "metadata", "spec", "status"}
+    assert (
+        schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+    )  # kopf's status.kopf
     assert "$ref" not in crdgen.render(resource) and "additionalProperties: false" not in crdgen.render(
         resource
     )
@@ -194,3 +198,26 @@ def test_schema_and_model_reject_the_same_single_field_errors(path: str, value: 
         ModelDeployment.model_validate(doc)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, crdgen.crd_json_schema(schema_of("ModelDeployment")))
+
+
+def _rule_nodes(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, schema)] if "x-kubernetes-validations" in schema else []
+    for name, sub in schema.get("properties", {}).items():
+        found += _rule_nodes(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            found += _rule_nodes(schema[key], f"{path}[*]")
+    return found
+
+
+@pytest.mark.parametrize("resource", crdgen.RESOURCES, ids=lambda r: r.kind)
+def test_cel_rules_name_only_fields_of_their_node(resource: crdgen.Resource) -> None:
+    nodes = _rule_nodes(schema_of(resource.kind))
+    assert nodes, "cross-field rules should reach the CRD as CEL"
+    for path, node in nodes:
+        for validation in node["x-kubernetes-validations"]:
+            assert validation["message"] and validation["rule"]
+            for field in re.findall(r"self\.(\w+)", validation["rule"]):
+                assert field in node["properties"], (
+                    f"{path}: {validation['rule']} names unknown field {field}"
+                )
