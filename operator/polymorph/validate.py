@@ -163,10 +163,9 @@ def _message(error: ErrorDetails) -> str:
         return f"must be {bounds[kind]} {_number(limit)}{got}"
     if value is None and kind.endswith("_type"):
         return "must not be null; remove the field to use its default"
-    if kind in ("int_type", "int_parsing"):
-        return f"must be a whole number{got}"
-    if kind == "int_from_float":
-        return f"must be a whole number, without a fraction{got}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        point = " written without a decimal point" if isinstance(value, float) and value.is_integer() else ""
+        return f"must be an integer{point}{got}"
     if kind in ("float_type", "float_parsing"):
         return f"must be a number{got}"
     if kind in ("bool_type", "bool_parsing"):
@@ -219,7 +218,10 @@ def _lines(errors: list[ErrorDetails], root: type[BaseModel] | None) -> list[str
     lines: list[str] = []
     for error in errors:
         loc = tuple(error["loc"])
-        if error["type"] == "extra_forbidden":
+        if error["type"] == "invalid_key":
+            where = format_path(loc[:-1])
+            text = f"field name {_show(loc[-1])} must be a string"
+        elif error["type"] == "extra_forbidden":
             parent, name = loc[:-1], loc[-1]
             where = format_path(parent)
             text = _unknown_field(name, _model_at(root, parent) if root else None)
@@ -250,6 +252,10 @@ def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dic
     seen: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, list | dict | set):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark
+            )
         if key in seen:
             mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
@@ -417,7 +423,12 @@ def run(args: argparse.Namespace) -> int:
             print(exc)
             failed = True
             continue
-        _, lines, problems = check_text(text, path)
+        try:
+            _, lines, problems = check_text(text, path)
+        except Exception as exc:  # a bug here must still not show a person a traceback
+            lines = problems = [
+                f"{path}: could not be validated ({type(exc).__name__}: {exc}); please report this"
+            ]
         for line in lines:
             print(line)
         failed = failed or bool(problems)

@@ -86,9 +86,22 @@ INVALID: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None], str]]
     ("typo-hint", MD, _set("spec.replcas", 3), "did you mean 'replicas'?"),
     ("enum", MD, _set("spec.build.policy", "auto"), "spec.build.policy: must be one of Auto, Manual"),
     ("negative", MD, _set("spec.replicas", -1), "spec.replicas: must be >= 0"),
-    ("not-int", MD, _set("spec.replicas", "four"), "spec.replicas: must be a whole number"),
-    ("string-int", MD, _set("spec.replicas", "4"), "spec.replicas: must be a whole number"),
-    ("float-int", MD, _set("spec.replicas", 1.5), "spec.replicas: must be a whole number"),
+    ("not-int", MD, _set("spec.replicas", "four"), "spec.replicas: must be an integer"),
+    ("string-int", MD, _set("spec.replicas", "4"), "spec.replicas: must be an integer"),
+    ("float-int", MD, _set("spec.replicas", 1.5), "spec.replicas: must be an integer (got 1.5)"),
+    (
+        "float-whole",
+        MD,
+        _set("spec.replicas", 2.0),
+        "spec.replicas: must be an integer written without a decimal point",
+    ),
+    (
+        "int-key",
+        MD,
+        lambda d: d["spec"]["hardware"].__setitem__(5, 1),
+        "spec.hardware: field name 5 must be a string",
+    ),
+    ("bool-int", MD, _set("spec.replicas", True), "spec.replicas: must be an integer (got true)"),
     (
         "weight-high",
         MD,
@@ -450,3 +463,25 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
 def test_check_text_is_pure() -> None:
     objects, lines, problems = check_text(yaml.safe_dump(STANDALONE), "x.yaml")
     assert len(objects) == 1 and lines == ["x.yaml: ok (CompileJob/tiny-llama-cpu-search)"] and problems == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("? [a, b]\n: c\n", "invalid YAML at line 1, column 3: a mapping key must be a plain value"),
+        ("a: !!python/object:os.system x\n", "invalid YAML at line 1"),
+        ("a: &x [1]\nb: *y\n", "invalid YAML at line 2, column 4: found undefined alias 'y'"),
+    ],
+)
+def test_hostile_yaml_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    path = write(tmp_path, text)
+    code, lines = run_validate(capsys, path)
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"{path}: {expected}"), lines
+
+
+def test_binary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "blob.yaml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    assert run_validate(capsys, path) == (1, [f"{path}: not a UTF-8 text file"])
