@@ -208,8 +208,8 @@ def format_validation_error(
     """One line per problem in ``exc``: ``<prefix><path>: <what is allowed>``.
 
     ``prefix`` is put in front of every line as given (e.g. ``"crd.yaml: ModelDeployment/x: "``).
-    ``root`` is the model that was validated, used to list the allowed fields of unknown ones;
-    it defaults to the model named in the error.
+    ``root`` is the model that was validated; with it, an unknown field's line lists the
+    allowed fields and suggests the closest one, without it the line only names the field.
     """
     return [prefix + line for line in _lines(exc.errors(), root)]
 
