@@ -4,18 +4,19 @@ Plan (pure functions below, the agent only walks it):
 1. the baseline (the campaign runs it on every sandbox, because figures only compare
    within one engine);
 2. sweep: every knob set to each of its non-default choices, one knob at a time;
-3. greedy combination: starting from the baseline, apply the sweep's single-knob changes
-   in order of measured speedup, keeping a change only when the combination beats the
-   current configuration beyond noise;
+3. greedy combination: starting from the baseline, apply the sweep's faster single-knob
+   changes in order of their noise-discounted speedup (speedup / (1 + noise)), keeping a
+   change when the combination measures faster than the current configuration;
 4. local refinement: from the current configuration, try each knob's neighbouring choices
-   (one step along its declared list), move to the first that beats it beyond noise, and
-   repeat until a full pass finds nothing.
+   (one step along its declared list), move to the first that beats it *beyond noise*
+   (so refinement never chases noise), and repeat until a full pass finds nothing.
 
 A configuration is a full assignment ``{knob: value}``; its key is its canonical JSON.
 The agent never runs a key twice. Sandbox ``i`` of ``n`` owns the configurations whose
 key hashes (sha256) to ``i`` mod ``n``, and runs only those (plus the shared baseline),
 so sandboxes explore disjoint shares. Combinations and refinements a sandbox does not own
-are skipped by it. "Beats beyond noise" is ``campaign.compare(...).significant`` with a
+are skipped by it. The result itself is chosen by the campaign's noise-aware rule, never
+by the agent. "Beats beyond noise" is ``campaign.compare(...).significant`` with a
 factor of 1: better even when both measurements sit at the unfavourable edge of their
 spread. Budget and deadline are the campaign's: ``run_experiment`` raises when spent.
 
@@ -92,16 +93,18 @@ class SearchAgent:
         base_key = config_key(defaults)
         self.tried[base_key] = ctx.baseline
 
-        # 2. Sweep one knob at a time.
+        # 2. Sweep one knob at a time; rank the changes that measured faster by their
+        # noise-discounted speedup (speedup / (1 + noise)).
         singles: list[tuple[float, Config, ExperimentRecord]] = []
         for config in sweep(defaults, choices):
             record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}")
             cmp = ctx.compare(record) if record is not None else None
             if record is not None and cmp is not None and cmp.speedup > 1:
-                singles.append((cmp.speedup, config, record))
+                singles.append((cmp.speedup / (1 + cmp.noise), config, record))
         singles.sort(key=lambda s: -s[0])
 
-        # 3. Greedy combination of the winners.
+        # 3. Greedy combination of the winners: keep a change when the combination measures
+        # faster than the current configuration (the noise-aware gate is the final selection's).
         current, current_rec = defaults, ctx.baseline
         for _, config, record in singles:
             changed = {k: v for k, v in config.items() if v != defaults[k]}
@@ -113,7 +116,8 @@ class SearchAgent:
                 if candidate == config
                 else self._attempt(ctx, candidate, f"combine: {_diff(defaults, candidate)}")
             )
-            if cand_rec is not None and self._improves(ctx, cand_rec, current_rec):
+            cmp = ctx.compare(cand_rec, current_rec) if cand_rec is not None else None
+            if cand_rec is not None and cmp is not None and cmp.speedup > 1:
                 current, current_rec = candidate, cand_rec
 
         # 4. Local refinement around the current configuration.
@@ -148,7 +152,6 @@ class SearchAgent:
         build_dir = dest if dest.exists() else knob_variant(ctx.base_dir, config, dest)
         record = ctx.run_experiment(build_dir, description=description)
         self.tried[key] = record
-        ctx.log(f"{description}: {record.status}")
         return record
 
 
