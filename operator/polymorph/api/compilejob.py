@@ -207,8 +207,9 @@ class CompileJob(StrictModel):
         # The name labels the Job's pods, so it must be a DNS label (<= 63 characters).
         name = self.metadata.name
         if len(name) > 63 or "." in name:
-            raise ValueError(
-                f"metadata.name {name!r} must be at most 63 lowercase letters, digits or '-' (it names a Job)"
+            raise FieldError(
+                ("metadata", "name"),
+                f"must be at most 63 lowercase letters, digits or '-', as it names a Job (got {name!r})",
             )
         return self
 

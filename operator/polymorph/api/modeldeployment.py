@@ -501,9 +501,10 @@ class ModelDeployment(StrictModel):
         # The name becomes a Service and the Deployment "<name>-canary": a DNS-1035 label of <= 63.
         name = self.metadata.name
         if len(name) > 56 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name):
-            raise ValueError(
-                f"metadata.name {name!r} must be at most 56 lowercase letters, digits or '-', starting with a "
-                "letter (it names a Service and the Deployment <name>-canary)"
+            raise FieldError(
+                ("metadata", "name"),
+                f"must be at most 56 lowercase letters, digits or '-', starting with a letter, as it names a "
+                f"Service and the Deployment <name>-canary (got {name!r})",
             )
         return self
 
