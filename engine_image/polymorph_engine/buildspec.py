@@ -16,9 +16,11 @@ A build is a directory holding ``build.toml`` and Python modules::
 
 The entry module defines ``load(model, knobs) -> HotPath`` (see ``polymorph_engine.hotpath``).
 It is imported as a fresh package ``polymorph_build_<n>_<hash>`` on every call, so two imports of
-the same directory are two distinct modules, and sibling modules are reached with relative imports
-(``from . import layers``) *at import time*: the package is removed from ``sys.modules`` as soon as
-the import finishes, so nothing accumulates across hundreds of hot reloads.
+the same directory are two distinct modules; sibling modules are reached with relative imports
+(``from . import layers``). The package stays in ``sys.modules`` only while it is live, because
+torch.compile (dynamo) re-imports the modules it traces by name: ``load_hotpath`` removes it when
+the hot path it returned is garbage-collected, and ``forget_build`` removes it at once. So nothing
+accumulates across hundreds of hot reloads.
 
 This module knows nothing about what a hot path computes, nor about the artifact store (a build's id
 is the store's business). Every error about a build is a ``BuildError`` whose message is one sentence
@@ -35,6 +37,7 @@ import shutil
 import sys
 import tomllib
 import types
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +53,7 @@ __all__ = [
     "BuildSpec",
     "Knob",
     "KnobValue",
+    "forget_build",
     "format_knob_value",
     "import_build",
     "knob_variant",
@@ -230,8 +234,10 @@ def resolve_knobs(spec: BuildSpec, overrides: dict[str, Any] | None = None) -> d
 def import_build(dir: Path, spec: BuildSpec | None = None) -> types.ModuleType:
     """Import the build's entry module as a fresh, uniquely named package; returns the entry module.
 
-    Import failures (syntax errors, missing siblings, exceptions at import time) become a BuildError
-    whose ``__cause__`` keeps the original exception and traceback.
+    The package stays registered in ``sys.modules`` until ``forget_build`` is called with the
+    module (or anything defined in it). Import failures (syntax errors, missing siblings,
+    exceptions at import time) unregister it and become a BuildError whose ``__cause__`` keeps
+    the original exception and traceback.
     """
     dir = Path(dir).resolve()
     spec = spec or read_build(dir)
@@ -242,22 +248,39 @@ def import_build(dir: Path, spec: BuildSpec | None = None) -> types.ModuleType:
     pkg.__package__ = pkg_name
     pkg.__file__ = None
     sys.modules[pkg_name] = pkg
-    entry_name = f"{pkg_name}.{spec.entry[:-3]}"
     # No __pycache__ in a build directory: it would change the build's archive (and its id),
     # and sandboxes mount builds read-only.
     saved_flag = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        module = importlib.import_module(entry_name)
+        return importlib.import_module(f"{pkg_name}.{spec.entry[:-3]}")
     except Exception as e:
+        _forget_package(pkg_name)
         raise BuildError(
             f"build {spec.name!r}: importing {spec.entry} failed with {type(e).__name__}: {_first_line(e)}."
         ) from e
     finally:
         sys.dont_write_bytecode = saved_flag
-        for key in [k for k in sys.modules if k == pkg_name or k.startswith(pkg_name + ".")]:
-            del sys.modules[key]
-    return module
+
+
+def _package_of(obj: object) -> str:
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else type(obj).__module__
+    return name.split(".", 1)[0]
+
+
+def _forget_package(pkg_name: str) -> None:
+    for key in [k for k in sys.modules if k == pkg_name or k.startswith(pkg_name + ".")]:
+        del sys.modules[key]
+
+
+def forget_build(obj: object) -> None:
+    """Unregister the build package that ``obj`` (its module, or an object it defined) came from.
+
+    A no-op for objects that do not come from an imported build.
+    """
+    pkg_name = _package_of(obj)
+    if pkg_name.startswith("polymorph_build_"):
+        _forget_package(pkg_name)
 
 
 def _first_line(e: BaseException) -> str:
@@ -268,14 +291,28 @@ def _first_line(e: BaseException) -> str:
 def load_hotpath(
     model: LoadedModel, build_dir: Path, knobs: dict[str, Any] | None = None
 ) -> tuple[HotPath, BuildSpec, dict[str, KnobValue]]:
-    """Read, resolve, import and ``load`` a build: the hot path, its spec and the knobs it got."""
+    """Read, resolve, import and ``load`` a build: the hot path, its spec and the knobs it got.
+
+    The build's modules stay importable (for torch.compile) while the hot path is alive, and are
+    unregistered from ``sys.modules`` when it is garbage-collected (or by ``forget_build``).
+    """
     spec = read_build(Path(build_dir))
     resolved = resolve_knobs(spec, knobs)
     module = import_build(Path(build_dir), spec)
     load = getattr(module, "load", None)
     if not callable(load):
+        forget_build(module)
         raise BuildError(f"build {spec.name!r}: {spec.entry} must define load(model, knobs) -> HotPath.")
-    hotpath = load(model, dict(resolved))
+    try:
+        hotpath = load(model, dict(resolved))
+    except BaseException:
+        forget_build(module)
+        raise
+    try:
+        # The build's modules leave sys.modules with the hot path itself.
+        weakref.finalize(hotpath, _forget_package, _package_of(module))
+    except TypeError:
+        pass  # not weak-referenceable: the caller's forget_build(hotpath) unregisters it
     return hotpath, spec, resolved
 
 
@@ -289,25 +326,14 @@ def _toml_value(value: KnobValue) -> str:
 
 def _rewrite_build_field(lines: list[str], key: str, value: str) -> list[str]:
     """Set ``key = value`` (a string) in the [build] table, keeping every other line as it was."""
-    section, start, found = "", None, False
-    out: list[str] = []
-    for line in lines:
-        header = re.match(r"^\s*\[([^\]]+)\]", line)
-        if header:
-            if section == "build" and not found:
-                out.insert(start if start is not None else len(out), f"{key} = {_toml_value(value)}")
-                found = True
-            section = header.group(1).strip()
-            if section == "build":
-                start = len(out) + 1
-        elif section == "build" and re.match(rf"^\s*{key}\s*=", line):
-            out.append(f"{key} = {_toml_value(value)}")
-            found = True
-            continue
-        out.append(line)
-    if section == "build" and not found:
-        out.append(f"{key} = {_toml_value(value)}")
-    return out
+    headers = [i for i, line in enumerate(lines) if re.match(r"^\s*\[", line)]
+    start = next(i for i in headers if re.match(r"^\s*\[\s*build\s*\]", lines[i]))
+    end = next((i for i in headers if i > start), len(lines))
+    new_line = f"{key} = {_toml_value(value)}"
+    for i in range(start + 1, end):
+        if re.match(rf"^\s*{key}\s*=", lines[i]):
+            return [*lines[:i], new_line, *lines[i + 1 :]]
+    return [*lines[: start + 1], new_line, *lines[start + 1 :]]
 
 
 def _rewrite_default(lines: list[str], knob: str, value: KnobValue) -> list[str]:
