@@ -29,6 +29,7 @@ naming the file and the field.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import itertools
@@ -308,11 +309,10 @@ def load_hotpath(
     except BaseException:
         forget_build(module)
         raise
-    try:
-        # The build's modules leave sys.modules with the hot path itself.
+    # The build's modules leave sys.modules with the hot path itself. A hot path that cannot be
+    # weakly referenced stays registered until the caller's forget_build(hotpath).
+    with contextlib.suppress(TypeError):
         weakref.finalize(hotpath, _forget_package, _package_of(module))
-    except TypeError:
-        pass  # not weak-referenceable: the caller's forget_build(hotpath) unregisters it
     return hotpath, spec, resolved
 
 

@@ -128,7 +128,7 @@ def test_bad_build_toml_is_one_sentence_naming_file_and_field(tmp_path: Path, to
 
 
 def test_missing_build_toml(tmp_path: Path) -> None:
-    with pytest.raises(BuildError, match="needs a build.toml"):
+    with pytest.raises(BuildError, match=r"needs a build\.toml"):
         read_build(tmp_path)
 
 
