@@ -87,17 +87,17 @@ def replay(
     start = clock()
     try:
         while pending or scheduler.has_work():
-            now = clock() - start - skipped
+            now = clock() - start + skipped
             while pending and pending[0][0].arrival_s <= now:
                 shape, prompt = pending.popleft()
                 request = Request(prompt=prompt, max_new_tokens=shape.output_tokens, stop_at_eos=False)
                 arrival[request] = shape.arrival_s
                 scheduler.add(request)
             if not scheduler.has_work():
-                skipped += pending[0][0].arrival_s - now  # idle until the next arrival: skip it
+                skipped += pending[0][0].arrival_s - now  # idle until the next arrival: jump there
                 continue
             events = scheduler.step()
-            now = clock() - start - skipped
+            now = clock() - start + skipped
             for request, _token in events:
                 if request in last:
                     result.itl_s.append(now - last[request])
@@ -105,7 +105,7 @@ def replay(
                     result.ttft_s.append(now - arrival[request])
                 last[request] = now
                 result.output_tokens += 1
-        result.duration_s = clock() - start - skipped
+        result.duration_s = clock() - start  # busy time only: idle gaps were jumped, not slept
     finally:
         scheduler.close()
     return result
