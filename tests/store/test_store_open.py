@@ -93,8 +93,11 @@ def test_prefixes_isolate_stores_in_one_bucket(s3_server: str, s3_bucket: str) -
     assert one.list("") == ["doc.json"] and two.list("") == ["doc.json"]
     assert one.get_json("doc.json") == {"team": "a"} and two.get_json("doc.json") == {"team": "b"}
     assert one.uri_for("doc.json") == f"s3://{s3_bucket}/team-a/doc.json"
-    raw = boto3.session.Session().client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=s3_bucket)
+    client = boto3.session.Session().client("s3", endpoint_url=s3_server)
+    raw = client.list_objects_v2(Bucket=s3_bucket)
     assert sorted(o["Key"] for o in raw["Contents"]) == ["team-a/doc.json", "team-b/doc.json"]
+    client.put_object(Bucket=s3_bucket, Key="team-a/folder/", Body=b"")  # a console-made "folder"
+    assert one.list("") == ["doc.json"]
 
 
 def test_missing_bucket_is_a_clear_error_that_never_shows_credentials(

@@ -139,7 +139,10 @@ class S3Store(Store):
             for page in self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=full
             ):
-                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+                # A key ending in / is a "folder" marker some S3 tools create; it is not an object here.
+                keys.extend(
+                    obj["Key"][strip:] for obj in page.get("Contents", []) if not obj["Key"].endswith("/")
+                )
         return sorted(keys)
 
     def delete(self, key: str) -> None:
