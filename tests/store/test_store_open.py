@@ -136,3 +136,32 @@ def test_exists_is_false_for_missing_objects_in_s3(s3_store: S3Store) -> None:
     assert not s3_store.exists("nope")
     with pytest.raises(KeyNotFound):
         s3_store.get_bytes("nope")
+
+
+def test_public_api_is_complete() -> None:
+    import polymorph.store as api
+
+    assert all(hasattr(api, name) for name in api.__all__)
+    for name in ("Store", "LocalStore", "S3Store", "open_store", "archive_build", "build_id", "unpack_build"):
+        assert name in api.__all__
+    for method in (
+        "put_bytes",
+        "get_bytes",
+        "exists",
+        "list",
+        "delete",
+        "put_json",
+        "get_json",
+        "append_jsonl",
+    ):
+        assert callable(getattr(api.Store, method))
+    for method in (
+        "read_jsonl",
+        "put_build",
+        "get_build",
+        "get_manifest",
+        "has_build",
+        "list_builds",
+        "uri_for",
+    ):
+        assert callable(getattr(api.Store, method))
