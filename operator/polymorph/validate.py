@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from polymorph import api
 from polymorph.api import API_VERSION, CompileJob, CompileJobSpec, ModelDeployment, ModelDeploymentSpec
 from polymorph.api.common import (
     BUILD_ID_PATTERN,
@@ -209,8 +210,12 @@ def format_validation_error(
 
     ``prefix`` is put in front of every line as given (e.g. ``"crd.yaml: ModelDeployment/x: "``).
     ``root`` is the model that was validated; with it, an unknown field's line lists the
-    allowed fields and suggests the closest one, without it the line only names the field.
+    allowed fields and suggests the closest one. It defaults to the ``polymorph.api`` model
+    named in the error's title; for other models the line only names the field.
     """
+    if root is None:
+        named = getattr(api, exc.title, None)
+        root = named if isinstance(named, type) and issubclass(named, BaseModel) else None
     return [prefix + line for line in _lines(exc.errors(), root)]
 
 

@@ -450,6 +450,9 @@ def test_format_validation_error_is_reusable() -> None:
         "spec.yaml: unknown field 'replcas' (allowed: model, hardware, replicas, engine, build, recompile, rollout); "
         "did you mean 'replicas'?"
     ]
+    assert (
+        format_validation_error(info.value, "spec.yaml: ") == lines
+    )  # the root is found by the model's name
     assert format_path(("spec", "steps", 1, "weight")) == "spec.steps[1].weight"
 
 
