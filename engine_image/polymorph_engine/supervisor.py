@@ -263,7 +263,7 @@ class Supervisor:
         self._process, self._conn = None, None
 
     def _receive(self, deadline: float | None) -> tuple[Any, ...] | None:
-        """The worker's next message, or None if it died or the deadline passed first."""
+        """The worker's next message; None if it died (then it is reaped) or the deadline passed first."""
         assert self._conn is not None and self._process is not None
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         ready = wait([self._conn, self._process.sentinel], timeout=remaining)
@@ -271,7 +271,9 @@ class Supervisor:
             try:
                 return tuple(self._conn.recv())
             except (EOFError, OSError):
-                return None
+                pass
+        if ready:
+            self._process.join(timeout=10)  # it closed the pipe or exited: collect its exit code
         return None
 
     # -- experiments -------------------------------------------------------------------------
@@ -294,8 +296,7 @@ class Supervisor:
         self.stats.experiment_seconds.append(elapsed)
         if message is not None and message[0] == "record":
             return ExperimentRecord.model_validate_json(message[1])
-        hung = self._process is not None and self._process.is_alive()
-        if hung:
+        if self._process is not None and self._process.exitcode is None:
             self.stats.timeouts += 1
             status, error = (
                 "timeout",
