@@ -80,7 +80,7 @@ def test_a_misbehaving_build_is_contained_and_the_next_build_passes(
 
 def test_a_worker_that_cannot_load_the_model_is_one_sentence(tmp_path: Path) -> None:
     supervisor = Supervisor(str(tmp_path / "no-such-checkpoint"), experiment_timeout=5)
-    with pytest.raises(WorkerStartError, match="neither a shape .* nor a checkpoint directory"):
+    with pytest.raises(WorkerStartError, match=r"neither a shape .* nor a checkpoint directory"):
         supervisor.start()
     assert not supervisor.alive
 
