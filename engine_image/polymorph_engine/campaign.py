@@ -424,10 +424,14 @@ class Campaign:
         return compare(record.figures, other.figures, self.settings.objective)
 
     def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
-        good = [r for r in self.ledger.records if self.eligible(r) and r.figures is not None]
         sign = -1.0 if self.settings.objective.maximize else 1.0
-        good.sort(key=lambda r: sign * objective_value(r.figures, self.settings.objective))
-        return good[:limit]
+        scored = [
+            (sign * objective_value(r.figures, self.settings.objective), i, r)
+            for i, r in enumerate(self.ledger.records)
+            if r.figures is not None and self.eligible(r)
+        ]
+        scored.sort(key=lambda s: (s[0], s[1]))
+        return [r for _, _, r in scored[:limit]]
 
     def best(self) -> ExperimentRecord:
         board = self.leaderboard(1)

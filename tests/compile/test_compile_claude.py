@@ -117,17 +117,19 @@ def test_claude_campaign_over_the_wire_on_the_real_engine(tmp_path: Path) -> Non
     with FakeAnthropic(key, _script()) as api:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         env.update(ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY=key)
+        cmd = [
+            sys.executable,
+            "-m",
+            "polymorph.cli",
+            "compile",
+            "--agent",
+            "claude",
+            "--store",
+            str(store),
+            "--json",
+        ]
         proc = subprocess.run(
-            [
-                *[sys.executable, "-m", "polymorph.cli"],
-                "compile",
-                "--agent",
-                "claude",
-                "--store",
-                str(store),
-                "--json",
-            ]
-            + ["--repeats", "3", "--max-experiments", "6", "--campaign", "claude"],
+            [*cmd, "--repeats", "3", "--max-experiments", "6", "--campaign", "claude"],
             capture_output=True,
             text=True,
             timeout=240,
