@@ -40,7 +40,7 @@ bench: venv
 	$(BIN)/python bench/hot_vs_cold.py --model tiny --json
 
 crds: venv
-	$(BIN)/polymorph crds --output crds
+	$(BIN)/polymorph crds --output crds --output charts/polymorph/crds
 
 clean:
 	rm -rf $(VENV) .polymorph .mypy_cache .ruff_cache .pytest_cache

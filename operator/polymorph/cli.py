@@ -19,7 +19,10 @@ from polymorph.errors import UsageError
 COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("polymorph.crdgen", "print, write or check the CustomResourceDefinitions"),
     "validate": ("polymorph.validate", "validate ModelDeployment and CompileJob manifests"),
-    "experiment": ("polymorph_engine.experiment_cli", "run builds through verification and benchmark in one hot engine"),
+    "experiment": (
+        "polymorph_engine.experiment_cli",
+        "run builds through verification and benchmark in one hot engine",
+    ),
     "engine": ("polymorph_engine.server_cli", "run the inference engine (serve)"),
     "sandbox": ("polymorph_engine.sandbox", "sandbox pod entrypoints (engine, agent)"),
     "compile": ("polymorph_engine.compile_cli", "run a compile campaign locally (the demo)"),
@@ -39,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:  # an optional extra is missing
-            sub.set_defaults(_missing=f"polymorph {name} needs an optional dependency that is not installed: {exc}")
+            sub.set_defaults(
+                _missing=f"polymorph {name} needs an optional dependency that is not installed: {exc}"
+            )
             continue
         module.configure(sub)
         sub.set_defaults(_module=module)
