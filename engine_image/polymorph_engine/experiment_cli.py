@@ -14,14 +14,17 @@ prints what comes back.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from polymorph.errors import BuildError, StoreError, UsageError
+
+if TYPE_CHECKING:
+    from polymorph.api import ExperimentRecord
+    from polymorph_engine.supervisor import SupervisorStats
 
 __all__ = ["configure", "run"]
 
@@ -164,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workload
         else workload_from_profile(DEFAULT_WORKLOAD, seed=args.seed)
     )
-    records = []
+    records: list[ExperimentRecord] = []
     with _workdir() as work:
         builds = [_resolve_build(arg, args.store, work / "store-cache") for arg in args.build]
         if knobs:
@@ -190,12 +193,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.status == "passed" for r in records) else 1
 
 
-def _print_table(records: list[Any], stats: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="experiments (one hot engine)")
-    for column in (
+def _print_table(records: list[ExperimentRecord], stats: SupervisorStats) -> None:
+    """A plain fixed-width table (it survives pipes, logs and narrow terminals)."""
+    header = (
         "build",
         "name",
         "status",
@@ -203,32 +203,34 @@ def _print_table(records: list[Any], stats: Any) -> None:
         "logit err",
         "out tok/s",
         "noise",
-        "ttft p50 ms",
-        "itl p50 ms",
-        "s",
-    ):
-        table.add_column(column)
+        "ttft p50",
+        "itl p50",
+        "time s",
+    )
+    rows = [header]
     for r in records:
         v, f = r.verification, r.figures
-        table.add_row(
-            r.build[:19],
-            r.name,
-            r.status,
-            f"{v.tokenAgreement:.3f}" if v else "-",
-            f"{v.logitError:.2e}" if v else "-",
-            f"{f.outputTokensPerSecond:.1f}" if f else "-",
-            f"{f.noise:.1%}" if f else "-",
-            f"{f.ttftP50Ms:.2f}" if f else "-",
-            f"{f.itlP50Ms:.2f}" if f else "-",
-            f"{r.timings.totalS:.3f}",
+        rows.append(
+            (
+                r.build[:15] or "-",
+                r.name or "-",
+                r.status,
+                f"{v.tokenAgreement:.3f}" if v else "-",
+                f"{v.logitError:.1e}" if v else "-",
+                f"{f.outputTokensPerSecond:.1f}" if f else "-",
+                f"{f.noise:.0%}" if f else "-",
+                f"{f.ttftP50Ms:.2f}ms" if f else "-",
+                f"{f.itlP50Ms:.2f}ms" if f else "-",
+                f"{r.timings.totalS:.3f}",
+            )
         )
-    console = Console(file=sys.stdout)
-    console.print(table)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     for r in records:
         if r.error:
-            console.print(f"{r.build[:19]} {r.status}: {r.error}", markup=False)
-    console.print(
+            print(f"{r.build[:15]} {r.status}: {r.error}")
+    print(
         f"worker starts: {stats.starts} ({stats.mean_load_s:.2f} s each); "
-        f"experiments: {stats.experiments} ({stats.mean_experiment_s:.3f} s each)",
-        markup=False,
+        f"experiments: {stats.experiments} ({stats.mean_experiment_s:.3f} s each)"
     )
