@@ -560,9 +560,9 @@ class Campaign:
             stop, message = exc.reason, str(exc)
         except AgentError as exc:
             stop, message = "agentError", str(exc)
-        self.state = (
-            "failed" if stop in ("agentError", "baselineFailed") and self._baseline is None else "finished"
-        )
+        # "failed" only when nothing could be compared; an agent that failed after the baseline
+        # still leaves a valid result (its best so far).
+        self.state = "failed" if stop == "baselineFailed" or self._baseline is None else "finished"
         self.stop_reason = stop
         self.message = message
         self._write_progress()

@@ -44,10 +44,11 @@ def overhead(records: list[ExperimentRecord], stats: Any) -> dict[str, Any]:
 
 
 def experiments_per_hour(outcome: CampaignOutcome) -> float:
-    """Experiments this run executed per hour of its wall time (ledger replays excluded)."""
-    if outcome.ranThisSession == 0 or outcome.sessionSeconds <= 0:
-        return 0.0
-    return round(outcome.ranThisSession * 3600.0 / outcome.sessionSeconds, 1)
+    """Experiments per hour of wall time: this run's, or the whole campaign's when this run only replayed the ledger."""
+    if outcome.ranThisSession > 0 and outcome.sessionSeconds > 0:
+        return round(outcome.ranThisSession * 3600.0 / outcome.sessionSeconds, 1)
+    elapsed = float(outcome.progress.get("elapsedS", 0.0))
+    return round(len(outcome.records) * 3600.0 / elapsed, 1) if elapsed > 0 else 0.0
 
 
 def final_json(outcome: CampaignOutcome, stats: Any, store: Store, paths: CampaignPaths) -> dict[str, Any]:
