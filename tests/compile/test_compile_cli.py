@@ -76,19 +76,8 @@ def test_compile_json_report_and_the_best_build_runs_again_by_id(tmp_path: Path)
 @pytest.mark.slow
 def test_resume_after_kill_repeats_nothing(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    cmd = [
-        *POLYMORPH,
-        "compile",
-        "--store",
-        str(store),
-        "--json",
-        "--repeats",
-        "3",
-        "--max-experiments",
-        "7",
-        "--campaign",
-        "kill",
-    ]
+    flags = ["--max-experiments", "12", "--campaign", "kill"]
+    cmd = [*POLYMORPH, "compile", "--store", str(store), "--json", "--repeats", "3", *flags]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), start_new_session=True
     )
@@ -110,7 +99,7 @@ def test_resume_after_kill_repeats_nothing(tmp_path: Path) -> None:
     proc.communicate(timeout=30)
     before = _ledger_builds(store)
     assert 3 <= len(before) < 12
-    again = _compile(store, "--max-experiments", "12", "--campaign", "kill")
+    again = _compile(store, *flags)
     assert again.returncode == 0, again.stderr
     doc = json.loads(again.stdout)
     after = _ledger_builds(store)
