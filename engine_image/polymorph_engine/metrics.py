@@ -8,8 +8,9 @@ flight, and renders them in the Prometheus text format. Every series carries the
 Exposed families (the operator's PromQL depends on these names):
 - histograms ``polymorph_prompt_tokens``, ``polymorph_generation_tokens``,
   ``polymorph_time_to_first_token_seconds``, ``polymorph_inter_token_latency_seconds``;
-- counters ``polymorph_requests_total{status="ok|error"}``, ``polymorph_prompt_tokens_total``,
-  ``polymorph_generation_tokens_total``;
+- counters ``polymorph_requests_total{status="ok|error|cancelled"}`` (``error``: the engine failed
+  an accepted request; ``cancelled``: the client went away first; refused requests, 4xx, are not
+  counted), ``polymorph_prompt_tokens_total``, ``polymorph_generation_tokens_total``;
 - gauge ``polymorph_requests_in_flight``;
 - histogram ``polymorph_decode_batch_size`` (requests per decode step; shows batching at work).
 
@@ -25,6 +26,7 @@ import bisect
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -71,13 +73,17 @@ class HistogramData:
 
 @dataclass(frozen=True)
 class RequestObservation:
-    """What the server saw of one finished request. ``itls`` are the gaps between successive tokens."""
+    """What the server saw of one finished request. ``itls`` are the gaps between successive tokens.
+
+    Only ``ok`` requests feed the histograms (a cut-short request would skew the shape); the
+    tokens of ``cancelled`` ones still count in the token counters, since they were computed.
+    """
 
     prompt_tokens: int
     generation_tokens: int
     ttft_s: float | None
     itls_s: Sequence[float]
-    ok: bool
+    status: Literal["ok", "error", "cancelled"]
 
 
 @dataclass
@@ -88,6 +94,7 @@ class _Series:
     itl: HistogramData = field(default_factory=lambda: HistogramData(ITL_BUCKETS))
     ok: int = 0
     error: int = 0
+    cancelled: int = 0
     prompt_total: int = 0
     generation_total: int = 0
 
@@ -126,18 +133,21 @@ class ServerMetrics:
             self._batch.observe(size)
 
     def request_finished(self, obs: RequestObservation) -> None:
-        """Record a finished request (ok or error) and take it out of the in-flight gauge."""
+        """Record a finished request and take it out of the in-flight gauge."""
         with self._lock:
             self._in_flight = max(0, self._in_flight - 1)
             s = self._series[self._build]
-            if not obs.ok:
+            if obs.status == "error":
                 s.error += 1
+                return
+            s.prompt_total += obs.prompt_tokens
+            s.generation_total += obs.generation_tokens
+            if obs.status == "cancelled":
+                s.cancelled += 1
                 return
             s.ok += 1
             s.prompt.observe(obs.prompt_tokens)
             s.generation.observe(obs.generation_tokens)
-            s.prompt_total += obs.prompt_tokens
-            s.generation_total += obs.generation_tokens
             if obs.ttft_s is not None:
                 s.ttft.observe(obs.ttft_s)
             for gap in obs.itls_s:
@@ -177,6 +187,7 @@ class ServerMetrics:
         for build, series in snapshot.items():
             requests.add_metric([build, md, "ok"], series.ok)
             requests.add_metric([build, md, "error"], series.error)
+            requests.add_metric([build, md, "cancelled"], series.cancelled)
             prompt_total.add_metric([build, md], series.prompt_total)
             gen_total.add_metric([build, md], series.generation_total)
         yield requests
@@ -197,7 +208,15 @@ def _copy(s: _Series) -> _Series:
         return HistogramData(x.bounds, list(x.counts), x.total)
 
     return _Series(
-        h(s.prompt), h(s.generation), h(s.ttft), h(s.itl), s.ok, s.error, s.prompt_total, s.generation_total
+        h(s.prompt),
+        h(s.generation),
+        h(s.ttft),
+        h(s.itl),
+        s.ok,
+        s.error,
+        s.cancelled,
+        s.prompt_total,
+        s.generation_total,
     )
 
 

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from polymorph_engine.metrics import CONTENT_TYPE_LATEST, RequestObservation, ServerMetrics
 from polymorph_engine.trace import TraceSampler
@@ -466,7 +466,7 @@ def _generate(
     ids: list[int] = []  # generated ids that are text (EOS excluded)
     times: list[float] = []
     sent = 0
-    ok = False
+    status: Literal["ok", "error", "cancelled"] = "error"
     try:
         while outcome.finish_reason is None:
             event = _next_event(service, job)
@@ -488,9 +488,13 @@ def _generate(
                     safe = len(text)
                 outcome.finish_reason = "length" if event.reason == "length" else "stop"
             if safe > sent:
-                yield text[sent:safe]
+                try:
+                    yield text[sent:safe]
+                except GeneratorExit:
+                    status = "cancelled"
+                    raise
                 sent = safe
-        ok = True
+        status = "ok"
     finally:
         if outcome.finish_reason is None:
             service.cancel(job)
@@ -498,9 +502,9 @@ def _generate(
         ttft = times[0] - arrival if times else None
         itls = [b - a for a, b in itertools.pairwise(times)]
         service.metrics.request_finished(
-            RequestObservation(len(params.prompt_ids), len(times), ttft, itls, ok)
+            RequestObservation(len(params.prompt_ids), len(times), ttft, itls, status)
         )
-        if ok and times and service.trace is not None:
+        if status == "ok" and times and service.trace is not None:
             service.trace.record(len(params.prompt_ids), len(times), arrival)
 
 

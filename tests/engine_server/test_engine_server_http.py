@@ -298,7 +298,7 @@ def test_build_failure_is_a_500_and_counted_as_error() -> None:
             for s in fams[("polymorph_requests", "counter")].samples
             if s.name.endswith("_total")
         }
-        assert by_status == {"ok": 1.0, "error": 1.0}
+        assert by_status == {"ok": 1.0, "error": 1.0, "cancelled": 0.0}
     finally:
         server.close()
         service.close(grace_s=1)
@@ -334,3 +334,36 @@ def test_swap_serves_later_requests_with_the_new_build(
         if s.name.endswith("_count")
     }
     assert counts == {BUILD: 0.0, new_build: 1.0}
+
+
+def test_a_client_that_goes_away_cancels_its_request() -> None:
+    hotpath = CountingHotPath(delay_s=0.02)
+    service = _service(hotpath)
+    server = make_server(service, "127.0.0.1", 0)
+    server.start()
+    try:
+        body = {"prompt": "a", "max_tokens": 60, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break  # one token, then hang up
+        deadline = time.monotonic() + 10
+        while service.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert service.in_flight == 0
+        decodes = len(hotpath.decode_batches)
+        assert decodes < 40  # generation stopped long before max_tokens
+        time.sleep(0.2)
+        assert len(hotpath.decode_batches) == decodes
+        fams = _families(httpx.get(f"{server.url}/metrics").text)
+        by_status = {
+            s.labels["status"]: s.value
+            for s in fams[("polymorph_requests", "counter")].samples
+            if s.name.endswith("_total")
+        }
+        assert by_status == {"ok": 0.0, "error": 0.0, "cancelled": 1.0}
+        gauge = fams[("polymorph_requests_in_flight", "gauge")].samples[0].value
+        assert gauge == 0
+    finally:
+        server.close()
+        service.close(grace_s=1)
