@@ -60,6 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=int, default=1, help="unmeasured warm-up passes per build (default 1)"
     )
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads for torch in the worker (default: torch's choice)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights, workload and prompts")
     parser.add_argument("--json", action="store_true", help="print one ExperimentRecord JSON per line")
 
@@ -160,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     model = _model(args.model)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1; got {args.repeats}.")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1; got {args.threads}.")
     if args.warmup < 0:
         raise UsageError(f"--warmup must be >= 0; got {args.warmup}.")
     workload = (
@@ -177,7 +182,14 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--knob: {exc}") from None
         settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
         supervisor = Supervisor(
-            model, device, args.dtype, workload, experiment_timeout=timeout, seed=args.seed, settings=settings
+            model,
+            device,
+            args.dtype,
+            workload,
+            experiment_timeout=timeout,
+            seed=args.seed,
+            settings=settings,
+            threads=args.threads,
         )
         try:
             with supervisor:

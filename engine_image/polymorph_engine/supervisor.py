@@ -84,6 +84,7 @@ class _WorkerConfig:
     verify_prompts: int
     verify_steps: int
     fit: bool
+    threads: int | None
 
 
 def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
@@ -91,6 +92,10 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
     os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
     try:
         started = time.perf_counter()
+        import torch
+
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         from polymorph_engine.experiment import fit_for_device, run_experiment, vocab_size_of
         from polymorph_engine.hotreload import Engine
         from polymorph_engine.model import load_model
@@ -150,6 +155,8 @@ class Supervisor:
         start_timeout: seconds a worker start may take (None: no limit).
         settings: benchmark repeats, warm-up passes and prompt seed.
         verify_prompts, verify_steps: the size of the golden set (P prompts, K steps).
+        threads: CPU threads the worker's torch may use (None: torch's default). One thread
+            keeps a tiny CPU model's timings steady on a shared machine.
     """
 
     def __init__(
@@ -167,6 +174,7 @@ class Supervisor:
         verify_steps: int = 16,
         start_timeout: float | None = None,
         fit: bool = True,
+        threads: int | None = None,
     ) -> None:
         if experiment_timeout <= 0:
             raise ValueError(f"experiment_timeout must be > 0 seconds, got {experiment_timeout}")
@@ -189,6 +197,7 @@ class Supervisor:
             verify_prompts=verify_prompts,
             verify_steps=verify_steps,
             fit=fit,
+            threads=threads,
         )
         self.stats = SupervisorStats()
         self._ctx = mp.get_context("spawn")

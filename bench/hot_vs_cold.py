@@ -1,0 +1,438 @@
+#!/usr/bin/env python
+"""Hot vs cold experiments: the product's headline number.
+
+The same N builds (the reference plus knob variants) go through the same protocol
+(``experiment.run_experiment``: load the build, verify against golden outputs, benchmark the
+workload) two ways:
+
+- cold: a fresh Python process per experiment: imports, device init, weights read from a
+  checkpoint on disk, the golden outputs read from disk, then load + verify + bench;
+- hot: one ``Supervisor`` worker that loaded the weights once; each experiment swaps a build.
+
+``cold_s_per_experiment`` is the mean wall time of a cold process, spawn to exit;
+``hot_s_per_experiment`` the mean wall time of ``Supervisor.run`` (pipe round trip included),
+with the worker's one-time start reported apart as ``hot_start_s``; ``ratio`` = cold / hot.
+
+It also reports, per build, batch-1 decode tok/s and its fraction of the memory roofline:
+bytes per token = weight bytes + KV bytes read at the mean context; roofline tok/s = copy
+bandwidth / bytes per token, the bandwidth measured in this run by a large device-to-device
+copy (bytes read + written / time). On CUDA, timings synchronise the device; CUDA events time
+the decode loop.
+
+Run: ``python bench/hot_vs_cold.py --model tiny --json [--out bench/results/NAME.json]``;
+on a GPU: ``--model llama-8b --device cuda --dtype bfloat16``. Random weights are saved as an
+HF checkpoint (safetensors) under ``--workdir`` (default: a temp dir) so cold runs read real
+files. On CPU it pins torch to ``--threads`` (default 1) in every process, hot and cold alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# Knob sets tried, in order: the reference first, then one knob at a time, then combinations.
+VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"kv_cache": "static"},
+    {"fused_qkv": True},
+    {"fused_gate_up": True},
+    {"attention": "sdpa"},
+    {"sampling": "device"},
+    {
+        "kv_cache": "static",
+        "fused_qkv": True,
+        "fused_gate_up": True,
+        "attention": "sdpa",
+        "sampling": "device",
+    },
+    {
+        "kv_cache": "static",
+        "fused_qkv": True,
+        "fused_gate_up": True,
+        "attention": "sdpa",
+        "sampling": "device",
+        "decode_capture": "cuda_graph",
+    },
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Hot-swap vs cold-start experiment throughput.")
+    p.add_argument("--model", default="tiny", help="model shape (tiny, llama-1b, llama-8b, ...)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--builds", type=int, default=6, help=f"how many builds (1..{len(VARIANTS)})")
+    p.add_argument("--repeats", type=int, default=3, help="measured benchmark passes per experiment")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up passes per experiment")
+    p.add_argument("--verify-prompts", type=int, default=4)
+    p.add_argument("--verify-steps", type=int, default=16)
+    p.add_argument(
+        "--decode-steps", type=int, default=0, help="batch-1 decode steps timed (0: 32 CPU, 128 CUDA)"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process when --device cpu")
+    p.add_argument("--experiment-timeout", type=float, default=600.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--workdir",
+        help="a fast local disk for the checkpoint and builds (kept); default: a temp dir, removed",
+    )
+    p.add_argument("--out", help="also write the JSON result to this file")
+    p.add_argument("--json", action="store_true", help="print the JSON result (else a summary)")
+    p.add_argument("--cold-child", help=argparse.SUPPRESS)  # internal: run one cold experiment
+    p.add_argument("--golden", help=argparse.SUPPRESS)
+    p.add_argument("--workload", help=argparse.SUPPRESS)
+    return p
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.device == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def _save_workload(workload: Any, path: Path) -> None:
+    requests = [[r.input_tokens, r.output_tokens, r.arrival_s] for r in workload.requests]
+    path.write_text(
+        json.dumps({"requests": requests, "concurrency": workload.concurrency, "digest": workload.digest})
+    )
+
+
+def _load_workload(path: Path) -> Any:
+    from polymorph_engine.workload import RequestShape, Workload
+
+    doc = json.loads(path.read_text())
+    return Workload(tuple(RequestShape(*r) for r in doc["requests"]), doc["concurrency"], doc["digest"])
+
+
+def cold_child(args: argparse.Namespace) -> int:
+    """One cold experiment: everything a fresh engine process does, then one JSON line on stdout."""
+    started = time.perf_counter()
+    import torch
+
+    from polymorph.api import Gates
+    from polymorph_engine.experiment import BenchSettings, run_experiment
+    from polymorph_engine.hotreload import Engine
+    from polymorph_engine.model import load_model
+    from polymorph_engine.verify import Golden
+
+    _set_threads(args)
+    imported = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    _sync(args.device)
+    loaded = time.perf_counter()
+    reference = Golden.load(args.golden)
+    workload = _load_workload(Path(args.workload))
+    settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    record = run_experiment(Engine(model), args.cold_child, workload, Gates(), reference, settings=settings)
+    done = time.perf_counter()
+    phases = {"importS": imported - started, "weightsS": loaded - imported, "experimentS": done - loaded}
+    print(
+        json.dumps(
+            {"record": json.loads(record.model_dump_json()), "phases": phases, "torch": torch.__version__}
+        )
+    )
+    return 0
+
+
+def copy_bandwidth(device: str, nbytes: int) -> float:
+    """Bytes per second moved (read + written) by one large device-to-device copy, best of 5."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    del src, dst
+    return 2 * nbytes / best
+
+
+def decode_batch1(engine: Any, build: Path, prompt_len: int, steps: int, device: str) -> float:
+    """Batch-1 greedy decode tok/s of ``build``: ``steps`` timed steps after a short warm-up."""
+    import torch
+
+    hotpath = engine.load_build(build).hotpath
+    cache = hotpath.new_cache(1, prompt_len + steps + 16)
+    slots = torch.zeros(1, dtype=torch.int64, device=device)
+    prompt = torch.arange(prompt_len, dtype=torch.int64, device=device) % engine.model.config.vocab_size
+    token = hotpath.sample(hotpath.prefill(cache, 0, prompt)[None])
+    for _ in range(8):  # warm-up: kernels, allocator, captured graphs
+        token = hotpath.sample(hotpath.decode(cache, slots, token))
+    _sync(device)
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            token = hotpath.sample(hotpath.decode(cache, slots, token))
+        end.record()
+        torch.cuda.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+    else:
+        t = time.perf_counter()
+        for _ in range(steps):
+            token = hotpath.sample(hotpath.decode(cache, slots, token))
+        seconds = time.perf_counter() - t
+    hotpath.free(cache, 0)
+    del cache
+    engine.unload()
+    return steps / seconds
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import torch
+
+    from polymorph.api import Gates
+    from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant
+    from polymorph_engine.experiment import BenchSettings, fit_for_device
+    from polymorph_engine.hotreload import Engine
+    from polymorph_engine.model import load_model, save_checkpoint
+    from polymorph_engine.supervisor import Supervisor
+    from polymorph_engine.verify import default_prompts, golden
+    from polymorph_engine.workload import DEFAULT_WORKLOAD, workload_from_profile
+
+    _set_threads(args)
+    t = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    checkpoint = save_checkpoint(model, work / "checkpoint")
+    setup_s = time.perf_counter() - t
+    config = model.config
+    builds = []
+    for i, knobs in enumerate(VARIANTS[: args.builds]):
+        name = "reference" if not knobs else "-".join(f"{k}={v}" for k, v in knobs.items())
+        builds.append((knobs, knob_variant(REFERENCE_BUILD, knobs, work / f"build-{i}", name=name[:60])))
+    workload = fit_for_device(
+        workload_from_profile(DEFAULT_WORKLOAD, seed=args.seed), args.device, config.max_position_embeddings
+    )
+    _save_workload(workload, work / "workload.json")
+    reference = golden(model, default_prompts(config.vocab_size, args.verify_prompts), args.verify_steps)
+    reference.save(work / "golden.pt")
+
+    # Batch-1 decode against the memory roofline, in this process, before the model is freed.
+    on_cuda = args.device.startswith("cuda")
+    bandwidth = copy_bandwidth(args.device, (1 << 30) if on_cuda else (256 << 20))
+    prompt_len, steps = (128, args.decode_steps or 128) if on_cuda else (16, args.decode_steps or 32)
+    weight_bytes = model.weights_bytes()
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    kv_bytes = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * config.head_dim
+        * elem
+        * (prompt_len + steps / 2)
+    )
+    bytes_per_token = weight_bytes + kv_bytes
+    roofline = bandwidth / bytes_per_token
+    engine = Engine(model)
+    decode = [decode_batch1(engine, build, prompt_len, steps, args.device) for _, build in builds]
+    engine.close()
+    del engine, model, reference
+    gc.collect()
+    if on_cuda:
+        torch.cuda.empty_cache()
+
+    # Hot: one worker, weights loaded once, a swap per experiment.
+    settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    threads = args.threads if args.device == "cpu" else None
+    supervisor = Supervisor(
+        str(checkpoint),
+        args.device,
+        args.dtype,
+        workload,
+        Gates(),
+        args.experiment_timeout,
+        seed=args.seed,
+        settings=settings,
+        verify_prompts=args.verify_prompts,
+        verify_steps=args.verify_steps,
+        fit=False,
+        threads=threads,
+    )
+    with supervisor:
+        hot_start_s = supervisor.stats.load_seconds[0]
+        hot_records, hot_s = [], []
+        for _, build in builds:
+            t = time.perf_counter()
+            hot_records.append(supervisor.run(build))
+            hot_s.append(time.perf_counter() - t)
+
+    # Cold: a fresh process per experiment, the same protocol.
+    cold_records, cold_s, cold_phases = [], [], []
+    for _, build in builds:
+        command = [sys.executable, str(Path(__file__).resolve()), "--cold-child", str(build)]
+        command += [
+            "--model",
+            str(checkpoint),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+            "--seed",
+            str(args.seed),
+        ]
+        command += [
+            "--repeats",
+            str(args.repeats),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+        ]
+        command += ["--golden", str(work / "golden.pt"), "--workload", str(work / "workload.json")]
+        t = time.perf_counter()
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=args.experiment_timeout + 600, check=False
+        )
+        cold_s.append(time.perf_counter() - t)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"a cold experiment failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
+            )
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        cold_records.append(out["record"])
+        cold_phases.append(out["phases"])
+
+    cold_mean, hot_mean = sum(cold_s) / len(cold_s), sum(hot_s) / len(hot_s)
+    per_build = []
+    for i, (knobs, _build) in enumerate(builds):
+        hot, cold = hot_records[i], cold_records[i]
+        per_build.append(
+            {
+                "name": hot.name,
+                "knobs": knobs,
+                "build": hot.build,
+                "hotStatus": hot.status,
+                "coldStatus": cold["status"],
+                "hotS": round(hot_s[i], 4),
+                "coldS": round(cold_s[i], 4),
+                "hotOutputTokensPerSecond": hot.figures.outputTokensPerSecond if hot.figures else None,
+                "coldOutputTokensPerSecond": (cold["figures"] or {}).get("outputTokensPerSecond"),
+                "hotTimings": hot.timings.model_dump(),
+                "coldPhases": {k: round(v, 4) for k, v in cold_phases[i].items()},
+                "decodeBatch1TokensPerSecond": round(decode[i], 2),
+                "rooflineFraction": round(decode[i] / roofline, 4),
+                "error": hot.error or cold.get("error"),
+            }
+        )
+    device_name = torch.cuda.get_device_name() if on_cuda else (platform.processor() or platform.machine())
+    return {
+        "cold_s_per_experiment": round(cold_mean, 4),
+        "hot_s_per_experiment": round(hot_mean, 4),
+        "ratio": round(cold_mean / hot_mean, 2),
+        "cold_experiments_per_hour": round(3600 / cold_mean, 1),
+        "hot_experiments_per_hour": round(3600 / hot_mean, 1),
+        "hot_start_s": round(hot_start_s, 3),
+        "setup_s": round(setup_s, 3),
+        "builds": per_build,
+        "all_passed": all(b["hotStatus"] == b["coldStatus"] == "passed" for b in per_build),
+        "roofline": {
+            "copyBandwidthGBps": round(bandwidth / 1e9, 2),
+            "weightBytes": weight_bytes,
+            "kvBytesPerToken": int(kv_bytes),
+            "bytesPerToken": int(bytes_per_token),
+            "rooflineTokensPerSecond": round(roofline, 2),
+            "promptTokens": prompt_len,
+            "decodeSteps": steps,
+        },
+        "protocol": {
+            "model": args.model,
+            "dtype": args.dtype,
+            "requests": len(workload.requests),
+            "concurrency": workload.concurrency,
+            "inputTokens": [r.input_tokens for r in workload.requests],
+            "outputTokens": [r.output_tokens for r in workload.requests],
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "verifyPrompts": args.verify_prompts,
+            "verifySteps": args.verify_steps,
+            "threads": threads,
+        },
+        "device": {
+            "type": args.device,
+            "name": device_name,
+            "cpus": os.cpu_count(),
+            "cudaDevices": torch.cuda.device_count() if on_cuda else 0,
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "polymorph": _version(),
+        },
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("polymorph")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _summary(result: dict[str, Any]) -> str:
+    lines = [
+        f"cold: {result['cold_s_per_experiment']:.3f} s/experiment ({result['cold_experiments_per_hour']:.0f}/h)",
+        f"hot:  {result['hot_s_per_experiment']:.3f} s/experiment ({result['hot_experiments_per_hour']:.0f}/h), "
+        f"worker start {result['hot_start_s']:.2f} s once",
+        f"ratio: {result['ratio']:.1f}x",
+        f"copy bandwidth {result['roofline']['copyBandwidthGBps']} GB/s; "
+        f"roofline {result['roofline']['rooflineTokensPerSecond']:.1f} tok/s at batch 1",
+    ]
+    for b in result["builds"]:
+        lines.append(
+            f"  {b['name'][:48]:48} hot {b['hotStatus']:8} cold {b['coldStatus']:8} "
+            f"{b['hotS']:.3f}s vs {b['coldS']:.2f}s  b1 {b['decodeBatch1TokensPerSecond']:.1f} tok/s "
+            f"({b['rooflineFraction']:.1%} of roofline)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cold_child:
+        return cold_child(args)
+    if not 1 <= args.builds <= len(VARIANTS):
+        print(f"error: --builds must be between 1 and {len(VARIANTS)}; got {args.builds}.", file=sys.stderr)
+        return 2
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        result = run(args, Path(tempfile.mkdtemp(prefix="hot-vs-cold-", dir=args.workdir)))
+    else:
+        with tempfile.TemporaryDirectory(prefix="polymorph-hot-vs-cold-") as tmp:
+            result = run(args, Path(tmp))
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text if args.json else _summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
