@@ -368,9 +368,13 @@ class CompletionService:
         if isinstance(item, _Swap):
             pending.append(item)
         elif isinstance(item, _Job):
+            try:
+                self._scheduler.add(item.request)
+            except ValueError as exc:  # validated upstream; never let one request stop the thread
+                item.events.put(_Failed(f"the scheduler refused the request: {exc}"))
+                return
             with self._lock:
                 self._jobs[item.request] = item
-            self._scheduler.add(item.request)
 
     def _run(self) -> None:
         pending: list[_Swap] = []  # swaps wait here until the running batch drains
@@ -543,6 +547,22 @@ class EngineHTTPServer(ThreadingHTTPServer):
         self.service = service
         self.admin = admin
         self._thread: threading.Thread | None = None
+        self._active = 0
+        self._active_lock = threading.Condition()
+
+    def handler_started(self) -> None:
+        with self._active_lock:
+            self._active += 1
+
+    def handler_finished(self) -> None:
+        with self._active_lock:
+            self._active -= 1
+            self._active_lock.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is being answered (e.g. a stream writing its last events)."""
+        with self._active_lock:
+            return self._active_lock.wait_for(lambda: self._active == 0, timeout=timeout_s)
 
     @property
     def port(self) -> int:
@@ -581,6 +601,7 @@ def make_server(
 
 class _Handler(BaseHTTPRequestHandler):
     server: EngineHTTPServer
+    body: bytes = b""
     protocol_version = "HTTP/1.1"
     server_version = "polymorph-engine"
     timeout = 300  # idle keep-alive connections are dropped after this many seconds
@@ -603,13 +624,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, err: RequestError) -> None:
         self._json(err.status, err.body())
 
-    def _body(self) -> bytes:
+    def _read_body(self) -> bytes:
+        """The whole request body, read before any answer so a kept-alive connection stays in sync."""
         length = self.headers.get("Content-Length")
+        if length is None and self.command != "POST":
+            return b""
         if length is None or not length.isdigit():
+            self.close_connection = True  # we cannot tell where this body ends
             raise RequestError(
                 "the request needs a Content-Length header (chunked bodies are not supported).", status=411
             )
         if int(length) > MAX_BODY_BYTES:
+            self.close_connection = True
             raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes.", status=413)
         return self.rfile.read(int(length))
 
@@ -637,10 +663,11 @@ class _Handler(BaseHTTPRequestHandler):
             ("GET", "/v1/models"): self._models,
             ("POST", "/v1/completions"): self._completions,
         }
+        self.server.handler_started()
         try:
+            self.body = self._read_body()
             if path.startswith("/admin/") and self.server.admin is not None:
-                body = self._body() if method == "POST" else b""
-                status, doc = self.server.admin.handle(method, path, body)
+                status, doc = self.server.admin.handle(method, path, self.body)
                 self._json(status, doc)
             elif (method, path) in routes:
                 routes[(method, path)]()
@@ -652,6 +679,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(err)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        finally:
+            self.server.handler_finished()
 
     def _service(self) -> CompletionService:
         if self.server.service is None:
@@ -688,7 +717,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _completions(self) -> None:
         service = self._service()
         params = parse_completion_request(
-            self._body(),
+            self.body,
             tokenizer=service.tokenizer,
             vocab_size=service.vocab_size,
             max_seq_len=service.max_seq_len,
@@ -712,6 +741,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(
         self, service: CompletionService, params: CompletionParams, head: dict[str, Any], outcome: _Outcome
     ) -> None:
+        if not service.ready:  # refuse while a status line can still say so
+            raise RequestError("the engine is shutting down; retry on another replica.", status=503)
         deltas = _generate(service, params, outcome)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         server.serve_forever(poll_interval=0.2)
     finally:
         service.close(grace_s=args.shutdown_grace)
+        server.wait_idle(timeout_s=5)  # let finished streams write their last events
         server.server_close()
         flusher.stop()
         hotpath.close()

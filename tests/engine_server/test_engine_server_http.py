@@ -367,3 +367,16 @@ def test_a_client_that_goes_away_cancels_its_request() -> None:
     finally:
         server.close()
         service.close(grace_s=1)
+
+
+def test_keep_alive_connection_survives_refused_requests(
+    served: tuple[EngineHTTPServer, CompletionService, Any],
+) -> None:
+    server, _, _ = served
+    with httpx.Client(base_url=server.url) as client:
+        assert client.post("/admin/experiments", json={"archive": "x" * 1000}).status_code == 404
+        assert client.post("/v1/completions", content=b"{bad").status_code == 400
+        assert client.post("/v1/models", json={"a": 1}).status_code == 405
+        r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "bc"
+        assert r.http_version == "HTTP/1.1"
