@@ -12,7 +12,8 @@ median over benchmark repeats). A candidate wins when, for maximised metrics (to
 ``v * (1 - nv) > b * (1 + nb) * minSpeedup``, and for minimised metrics (latency),
 ``v * (1 + nv) * minSpeedup < b * (1 - nb)``: it must still be ``minSpeedup`` times better
 when both measurements sit at the unfavourable edge of their spread. It must also have
-passed verification and honour every objective constraint. Among winners the highest
+passed verification and honour every objective constraint. ``Figures.noise`` is measured on
+output tok/s; for the other objective metrics it stands in as their relative spread. Among winners the highest
 speedup is the result; otherwise the result is an explicit "no improvement".
 
 Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbox ``i`` of
@@ -20,7 +21,9 @@ Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbo
 (each run adds its elapsed time to the progress document), so a campaign resumed after a
 kill neither restarts its clock nor loses the time it already spent. An experiment whose
 ``(build id, workload hash)`` is already in the ledger is never run again: its recorded
-result is returned, which lets a deterministic agent replay its path for free.
+result is returned, which lets a deterministic agent replay its path for free. The budget is
+checked before an experiment starts; one that is running may finish past the deadline
+(the runner's experiment timeout bounds it).
 
 Several sandboxes. Each sandbox measures its own baseline (figures are only comparable
 within one engine on one host) and compares its candidates with it. The result is chosen
@@ -320,7 +323,8 @@ class Campaign:
         """Tokens the agent has used so far, across every run of this campaign."""
         return self.tokens
 
-    def _check_budget(self) -> None:
+    def ensure_budget(self) -> None:
+        """Raise ``BudgetExhausted`` when no new experiment may start (experiments or deadline spent)."""
         if len(self.ledger) >= self.share:
             raise BudgetExhausted(
                 "maxExperiments", f"the experiment budget ({self.share} for this sandbox) is spent"
@@ -341,7 +345,7 @@ class Campaign:
             if self.on_record is not None:
                 self.on_record(recorded, True, self.progress())
             return recorded
-        self._check_budget()
+        self.ensure_budget()
         started = datetime.now(UTC)
         record = self.runner.run(build_dir, description=description)
         knobs = record.knobs or self._knobs_of(build_dir)

@@ -114,6 +114,10 @@ class CampaignContext(Protocol):
 
     def experiments_left(self) -> int: ...
 
+    def ensure_budget(self) -> None:
+        """Raise ``BudgetExhausted`` when no new experiment may start (so an agent can stop thinking early)."""
+        ...
+
     def record_usage(self, usage: TokenUsage) -> None:
         """Count API tokens the agent spent (the campaign's total goes in the progress document)."""
         ...

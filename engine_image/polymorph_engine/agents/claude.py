@@ -303,6 +303,7 @@ class ClaudeAgent:
         messages: list[dict[str, Any]] = [{"role": "user", "content": self._intro(ctx, work)}]
         nudges = 0
         while True:
+            ctx.ensure_budget()  # no experiment could run, so asking the model is pointless
             if self.used.inputTokens + self.used.outputTokens >= self.max_tokens:
                 raise BudgetExhausted("tokens", f"the token budget ({self.max_tokens} tokens) is spent")
             response = self._create(client, anthropic, system, messages)

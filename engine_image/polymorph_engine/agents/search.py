@@ -81,15 +81,21 @@ class SearchAgent:
 
     def __init__(self) -> None:
         self.tried: dict[str, ExperimentRecord] = {}
+        self._base_name = "base"
+        self._base_id = ""
+        self._defaults: Config = {}
 
     def run(self, ctx: CampaignContext) -> str:
+        from polymorph.store import build_id
         from polymorph_engine.buildspec import read_build
 
         spec = read_build(ctx.base_dir)
+        self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
         choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
         defaults: Config = {name: knob.default for name, knob in spec.knobs.items()}
         if not choices:
             return "the base build declares no knobs, so there is nothing to search"
+        self._defaults = defaults
         base_key = config_key(defaults)
         self.tried[base_key] = ctx.baseline
 
@@ -149,7 +155,18 @@ class SearchAgent:
             return None
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         dest = Path(ctx.workdir) / f"search-{digest}"
-        build_dir = dest if dest.exists() else knob_variant(ctx.base_dir, config, dest)
+        if not dest.exists():
+            # Name, parent and description are functions of the configuration, so the same
+            # configuration always makes the same build id (which is what resuming relies on).
+            knob_variant(
+                ctx.base_dir,
+                config,
+                dest,
+                name=f"{self._base_name}-{digest[:8]}",
+                parent=self._base_id,
+                description=f"{self._base_name} with {_diff(self._defaults, config) or 'its defaults'}",
+            )
+        build_dir = dest
         record = ctx.run_experiment(build_dir, description=description)
         self.tried[key] = record
         return record
