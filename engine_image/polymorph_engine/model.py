@@ -215,11 +215,11 @@ SHAPES: dict[str, ModelConfig] = {
             factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
         ),
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         bos_token_id=256,
         eos_token_ids=(257,),
     ),
-    # Qwen2 flavour: q/k/v biases, untied embeddings.
+    # Qwen2 flavour: q/k/v biases, tied embeddings (as Qwen2.5-0.5B).
     "qwen2-tiny": ModelConfig(
         architecture="qwen2",
         vocab_size=512,
@@ -232,7 +232,7 @@ SHAPES: dict[str, ModelConfig] = {
         rms_norm_eps=1e-6,
         rope_theta=1000000.0,
         max_position_embeddings=4096,
-        tie_word_embeddings=False,
+        tie_word_embeddings=True,
         qkv_bias=True,
         bos_token_id=256,
         eos_token_ids=(257,),
@@ -377,17 +377,33 @@ def weight_names(config: ModelConfig) -> list[str]:
 def _random_weights(
     config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int
 ) -> dict[str, torch.Tensor]:
-    # Created on the device in the target dtype: an 8B model is seconds on a GPU, not a host copy.
-    # Scales keep activations O(1) so greedy choices are well separated (no near-ties in tests):
-    # matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2).
+    """Seeded random weights, created on the device in the target dtype (an 8B model takes
+    seconds on a GPU, with no host copy).
+
+    Scales keep activations O(1): matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights
+    ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2); the residual-branch outputs (o_proj, down_proj) are
+    further scaled by 1/sqrt(2 * layers), as in GPT-2, so the residual stream does not grow with
+    depth. An untied ``lm_head`` is a randomly permuted copy of the embedding over sqrt(H): greedy
+    decoding then follows a random bigram map with a wide margin, so builds that differ only in
+    rounding (bf16, fused matmuls) agree on tokens while attention still moves every logit. Pure
+    noise heads make near-ties common in bf16, and token-agreement gates would measure rounding.
+    A tied head (``tie_word_embeddings``) makes the current token the argmax.
+    """
     gen = torch.Generator(device=device).manual_seed(seed)
+    residual_scale = 1.0 / math.sqrt(2 * config.num_hidden_layers)
     weights: dict[str, torch.Tensor] = {}
     for name, shape in weight_shapes(config).items():
+        if name == "lm_head.weight":
+            perm = torch.randperm(shape[0], generator=gen, device=device)
+            weights[name] = weights["model.embed_tokens.weight"][perm] / math.sqrt(shape[1])
+            continue
         t = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         if name.endswith("norm.weight"):
             t.mul_(0.1).add_(1.0)
         elif name.endswith(".bias"):
             t.mul_(0.1)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            t.mul_(residual_scale / math.sqrt(shape[1]))
         elif name != "model.embed_tokens.weight":
             t.mul_(1.0 / math.sqrt(shape[1]))
         weights[name] = t
