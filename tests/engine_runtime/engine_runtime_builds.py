@@ -7,14 +7,48 @@ replacement ``load`` appended to the entry module that wraps one hot-path method
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from polymorph_engine.buildspec import REFERENCE_BUILD
+import torch
 
-MODEL = "qwen2-tiny"
-"""Its greedy continuations vary token to token, so token comparisons mean something."""
+from polymorph_engine.buildspec import REFERENCE_BUILD
+from polymorph_engine.model import SHAPES, LoadedModel, save_checkpoint, weight_shapes
+from polymorph_engine.tokenizer import ByteTokenizer
+
+MODEL = "tiny"
+"""A model shape for tests where the weights do not matter (crash containment, CLI errors)."""
+
+
+def sensitive_model(seed: int = 0) -> LoadedModel:
+    """A tiny Qwen2-shaped model with plain random init that makes verification tests sharp.
+
+    Every matrix ~ N(0, 1/fan_in), an untied head, no residual down-scaling: attention, RoPE
+    and every norm move the logits a lot and greedy tokens vary step to step, so a wrong
+    build lands far outside the gates whatever init ``load_model``'s shapes use.
+    """
+    config = replace(SHAPES["qwen2-tiny"], tie_word_embeddings=False)
+    gen = torch.Generator().manual_seed(seed)
+    weights: dict[str, torch.Tensor] = {}
+    for name, shape in weight_shapes(config).items():
+        t = torch.randn(shape, generator=gen)
+        if name.endswith("norm.weight"):
+            t = 1 + 0.1 * t
+        elif name.endswith(".bias"):
+            t = 0.1 * t
+        elif name != "model.embed_tokens.weight":
+            t = t / math.sqrt(shape[1])
+        weights[name] = t
+    tokenizer = ByteTokenizer(config.vocab_size, config.bos_token_id or 256, config.eos_token_id)
+    return LoadedModel(config, weights, tokenizer, torch.device("cpu"), torch.float32, "sensitive-test-model")
+
+
+def sensitive_checkpoint(dest: Path) -> Path:
+    """``sensitive_model()`` saved as an HF checkpoint directory (a ``--model`` / Supervisor source)."""
+    return save_checkpoint(sensitive_model(), dest)
 
 
 def patched_build(

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from engine_runtime_builds import MODEL
+from engine_runtime_builds import sensitive_model
 
 from polymorph_engine.bench import benchmark, make_prompts, percentile, replay
 from polymorph_engine.buildspec import REFERENCE_BUILD, load_hotpath
 from polymorph_engine.hotpath import HotPath
-from polymorph_engine.model import LoadedModel, load_model
+from polymorph_engine.model import LoadedModel
 from polymorph_engine.workload import RequestShape, Workload
 
 PREFILL_S, DECODE_S = 0.005, 0.010
@@ -57,7 +57,7 @@ class TimedHotPath:
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model(MODEL)
+    return sensitive_model()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_runtime_builds import MODEL, patched_build
+from engine_runtime_builds import MODEL, patched_build, sensitive_checkpoint
 
 from polymorph.cli import main
 from polymorph.store import LocalStore
@@ -19,6 +19,7 @@ QUICK = ["--model", MODEL, "--repeats", "1", "--warmup", "0"]
 def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    checkpoint = sensitive_checkpoint(tmp_path / "checkpoint")  # --model also takes a checkpoint dir
     store = LocalStore(tmp_path / "store")
     stored = store.put_build(REFERENCE_BUILD)
     wrong = patched_build(
@@ -35,6 +36,8 @@ def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
     argv = [
         "experiment",
         *QUICK,
+        "--model",
+        str(checkpoint),
         "--build",
         "reference",
         "--build",

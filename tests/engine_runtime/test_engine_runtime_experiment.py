@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_runtime_builds import MODEL, patched_build, wrapping_build
+from engine_runtime_builds import patched_build, sensitive_model, wrapping_build
 
 from polymorph.api import ExperimentRecord, Gates
 from polymorph.store import build_id
@@ -18,7 +18,7 @@ from polymorph_engine.experiment import (
     run_experiment,
 )
 from polymorph_engine.hotreload import Engine
-from polymorph_engine.model import LoadedModel, load_model
+from polymorph_engine.model import LoadedModel
 from polymorph_engine.verify import default_prompts, golden
 from polymorph_engine.workload import DEFAULT_WORKLOAD, workload_from_profile
 
@@ -27,7 +27,7 @@ SETTINGS = BenchSettings(repeats=2, warmup=0)
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model(MODEL)
+    return sensitive_model()
 
 
 @pytest.fixture(scope="module")

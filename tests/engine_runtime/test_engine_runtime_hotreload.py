@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_runtime_builds import MODEL, patched_build, wrapping_build
+from engine_runtime_builds import patched_build, sensitive_model, wrapping_build
 
 from polymorph.api import Gates
 from polymorph.errors import BuildError
 from polymorph.store import build_id
 from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant
 from polymorph_engine.hotreload import Engine
-from polymorph_engine.model import SHAPES, LoadedModel, load_model, weight_shapes
+from polymorph_engine.model import SHAPES, LoadedModel, weight_shapes
 from polymorph_engine.tokenizer import ByteTokenizer
 from polymorph_engine.verify import default_prompts, golden, verify
 
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model(MODEL)
+    return sensitive_model()
 
 
 def test_a_swap_closes_the_previous_build_and_releases_it(model: LoadedModel, tmp_path: Path) -> None:

@@ -8,17 +8,17 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from engine_runtime_builds import MODEL
+from engine_runtime_builds import sensitive_model
 
 from polymorph_engine.buildspec import REFERENCE_BUILD, load_hotpath
 from polymorph_engine.hotpath import HotPath
-from polymorph_engine.model import LoadedModel, forward, load_model
+from polymorph_engine.model import LoadedModel, forward
 from polymorph_engine.scheduler import Request, Scheduler
 
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model(MODEL)
+    return sensitive_model()
 
 
 @pytest.fixture(params=["concat", "static"])

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_runtime_builds import MODEL, patched_build, wrapping_build
+from engine_runtime_builds import patched_build, sensitive_model, wrapping_build
 
 from polymorph.api import Gates
 from polymorph_engine.buildspec import REFERENCE_BUILD, load_hotpath
 from polymorph_engine.hotpath import HotPath
-from polymorph_engine.model import LoadedModel, load_model
+from polymorph_engine.model import LoadedModel
 from polymorph_engine.verify import Golden, default_prompts, golden, verify
 
 GATES = Gates(tokenAgreement=0.98, logitTolerance=0.05)
@@ -19,7 +19,7 @@ GATES = Gates(tokenAgreement=0.98, logitTolerance=0.05)
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model(MODEL)
+    return sensitive_model()
 
 
 @pytest.fixture(scope="module")
