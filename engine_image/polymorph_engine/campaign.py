@@ -25,6 +25,14 @@ result is returned, which lets a deterministic agent replay its path for free. T
 checked before an experiment starts; one that is running may finish past the deadline
 (the runner's experiment timeout bounds it).
 
+Confirmation. A load spike during one measurement can fake a win that its own spread does
+not reveal. So before a winner is declared, the sandbox writing the result runs the baseline
+and the winner once more, back to back, outside the ledger and the budget; the winner must
+pass the same rule again (``result.confirmation``) or the result is "no improvement".
+
+Every eligible candidate build is stored with its manifest (parent, knobs, the workload it
+was tuned for, figures) when its experiment is recorded, so any sandbox can fetch a winner.
+
 Several sandboxes. Each sandbox measures its own baseline (figures are only comparable
 within one engine on one host) and compares its candidates with it. The result is chosen
 from every ledger of the campaign, so whichever sandbox finishes last writes the full
@@ -241,6 +249,8 @@ class CampaignSettings:
     model: str = ""
     hardware: str = ""
     agent: str = ""
+    confirm: bool = True
+    """Re-measure the winner next to the baseline before declaring it (outside the budget)."""
 
 
 @dataclass
@@ -361,10 +371,11 @@ class Campaign:
                 "startedAt": started,
             }
         )
+        # Store the build before its ledger line: a kill in between reruns it, never loses it.
+        if bid != self.base_id and eligible(record, self.settings.objective):
+            self._put_build(record, build_dir)
         self.ledger.append(record)
         self._ran += 1
-        if bid != self.base_id and eligible(record, self.settings.objective):
-            self._store_if_best(record, build_dir)
         self._write_progress()
         if self.on_record is not None:
             self.on_record(record, False, self.progress())
@@ -378,10 +389,6 @@ class Campaign:
             return {name: knob.default for name, knob in spec.knobs.items()}
         except Exception:  # a malformed agent-written build: the runner reports why
             return {}
-
-    def _store_if_best(self, record: ExperimentRecord, build_dir: Path) -> None:
-        if self.best().build == record.build:
-            self._put_build(record, build_dir)
 
     def _put_build(self, record: ExperimentRecord, build_dir: Path) -> None:
         """Store ``build_dir`` with its manifest: parent, knobs, the workload it was tuned for, figures."""
@@ -580,15 +587,11 @@ class Campaign:
             self.settings.workload.model_dump(mode="json") if self.settings.workload else None
         )
         result["workloadHash"] = self.workload_hash
+        if result["state"] == "improved" and self.settings.confirm:
+            self._confirm(result)
         best_uri = None
         if result["best"] is not None:
-            best_id = result["best"]["build"]
-            # Each running-best build is stored as it is found; store the winner here too in case
-            # an earlier run was killed between its ledger line and its store write.
-            record = self.ledger.find(best_id, self.workload_hash)
-            if record is not None and best_id in self._dirs:
-                self._put_build(record, self._dirs[best_id])
-            best_uri = _build_uri(self.store, best_id)
+            best_uri = _build_uri(self.store, result["best"]["build"])
             result["best"]["uri"] = best_uri
         self.store.put_json(self.settings.paths.result, result)
         return CampaignOutcome(
@@ -601,6 +604,41 @@ class Campaign:
             sessionSeconds=self.clock() - self._session_start,
             records=list(self.ledger.records),
             bestUri=best_uri,
+        )
+
+    def _confirm(self, result: dict[str, Any]) -> None:
+        """Re-measure the baseline and the winner back to back; demote a winner that does not hold up."""
+        best = result["best"]
+        self._log(f"confirming {best['build']}: re-measuring it next to the baseline")
+        winner_dir = self._dirs.get(best["build"]) or self.store.get_build(
+            best["build"], self._tmp / "fetched"
+        )
+        base = self.runner.run(self.settings.base_dir, description="confirmation: the baseline again")
+        cand = self.runner.run(winner_dir, description="confirmation: the winner again")
+        objective, gates = self.settings.objective, self.settings.gates
+        doc: dict[str, Any] = {"confirmed": False, "baselineStatus": base.status, "bestStatus": cand.status}
+        if eligible(base, objective) and eligible(cand, objective):
+            assert base.figures is not None and cand.figures is not None
+            cmp = compare(cand.figures, base.figures, objective, gates.minSpeedup)
+            doc |= {
+                "confirmed": cmp.significant,
+                "baselineValue": cmp.baselineValue,
+                "value": cmp.value,
+                "speedup": cmp.speedup,
+                "speedupNoise": cmp.noise,
+            }
+        result["confirmation"] = doc
+        if doc["confirmed"]:
+            return
+        again = (
+            f"{doc['speedup']:.2f}x ±{doc['speedupNoise'] * 100:.0f}%" if "speedup" in doc else cand.status
+        )
+        result["state"] = "noImprovement"
+        result["bestCandidate"] = best
+        result["best"] = None
+        result["message"] = (
+            f"no improvement: {best['build']} measured {best['speedup']:.2f}x but did not hold up when "
+            f"re-measured next to the baseline ({again})"
         )
 
 

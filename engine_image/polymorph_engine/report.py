@@ -74,6 +74,7 @@ def final_json(outcome: CampaignOutcome, stats: Any, store: Store, paths: Campai
                 "noise": best["speedupNoise"],
                 "uri": best.get("uri"),
                 "knobs": best.get("knobs", {}),
+                "confirmedSpeedup": result.get("confirmation", {}).get("speedup"),
             }
             if best
             else None
@@ -113,6 +114,10 @@ def render_report(
             f"best       {best['value']:.1f} {metric}: {best['speedup']:.2f}x ±{best['noise'] * 100:.1f}% (noise)",
             file=out,
         )
+        if best["confirmedSpeedup"] is not None:
+            print(
+                f"confirmed  {best['confirmedSpeedup']:.2f}x when re-measured next to the baseline", file=out
+            )
         print(f"build      {best['build']}", file=out)
         print(f"stored     {best['uri']}", file=out)
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(best["knobs"].items()))

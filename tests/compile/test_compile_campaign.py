@@ -112,6 +112,7 @@ def settings(base: Path, **kw: Any) -> CampaignSettings:
         "gates": Gates(minSpeedup=1.05),
         "budget": Budget(maxExperiments=50, deadline="1h", sandboxes=1),
         "agent": "search",
+        "confirm": False,
     }
     opts.update(kw)
     return CampaignSettings(**opts)
@@ -120,8 +121,14 @@ def settings(base: Path, **kw: Any) -> CampaignSettings:
 def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, base: Path) -> None:
     store = open_store(str(tmp_path / "store"))
     runner = LandscapeRunner()
-    out = Campaign(settings(base), store, runner).run(SearchAgent())
-    keys = [config_key(k) for k in runner.ran]
+    out = Campaign(settings(base, confirm=True), store, runner).run(SearchAgent())
+    # The winner is confirmed by re-measuring the baseline and it back to back, outside the ledger.
+    assert out.result["confirmation"]["confirmed"] and out.result["confirmation"]["speedup"] == pytest.approx(
+        6.0
+    )
+    searched, confirmation = runner.ran[:-2], runner.ran[-2:]
+    assert confirmation == [read_build(base).defaults(), {"batch": 8, "attn": "fused", "cache": "concat"}]
+    keys = [config_key(k) for k in searched]
     assert len(keys) == len(set(keys)), "an experiment ran twice"
     assert out.stopReason == "finished"
     assert out.result["state"] == "improved"
@@ -134,9 +141,9 @@ def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, bas
     assert out.bestUri and out.bestUri.endswith(".tar.gz")
     # Ledger, progress and result live under compilejobs/local/toy-<uid>/.
     paths = settings(base).paths
-    assert len(store.read_jsonl(paths.ledger(0))) == len(runner.ran)
+    assert len(store.read_jsonl(paths.ledger(0))) == len(searched)
     progress = store.get_json(paths.progress(0))
-    assert progress["counts"]["total"] == len(runner.ran) and progress["state"] == "finished"
+    assert progress["counts"]["total"] == len(searched) and progress["state"] == "finished"
     assert store.get_json(paths.result)["best"]["build"] == out.result["best"]["build"]
 
 
@@ -201,6 +208,25 @@ def test_sandboxes_explore_disjoint_shares(tmp_path: Path, base: Path) -> None:
     # The last sandbox to finish writes the result from both ledgers.
     result = store.get_json(settings(base).paths.result)
     assert result["experiments"]["total"] == len(ran[0]) + len(ran[1]) + 2
+
+
+def test_a_win_that_does_not_hold_up_is_not_declared(tmp_path: Path, base: Path) -> None:
+    class SpikeRunner(LandscapeRunner):
+        """Every knob is neutral, but the first baseline ran during a load spike (half speed)."""
+
+        def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+            record = super().run(build_dir, description=description)
+            assert record.figures is not None
+            tps = 50.0 if len(self.ran) == 1 else 100.0
+            return record.model_copy(update={"figures": figures(tps)})
+
+    store = open_store(str(tmp_path / "store"))
+    out = Campaign(settings(base, confirm=True), store, SpikeRunner()).run(SearchAgent())
+    assert out.result["confirmation"]["confirmed"] is False
+    assert out.result["state"] == "noImprovement" and out.result["best"] is None
+    assert "did not hold up" in out.result["message"] and out.result["bestCandidate"][
+        "speedup"
+    ] == pytest.approx(2.0)
 
 
 def test_noise_rule_and_helpers() -> None:
