@@ -318,6 +318,11 @@ class CompletionService:
         return self._accepting and self._thread.is_alive()
 
     @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (it may be draining while not ``ready``)."""
+        return self._thread.is_alive()
+
+    @property
     def in_flight(self) -> int:
         with self._lock:
             return len(self._jobs)
@@ -480,6 +485,8 @@ def _generate(
                 times.append(event.at)
                 if event.token != service.eos_id:
                     ids.append(event.token)
+                if not (params.stream or params.stop):
+                    continue  # nothing to show or check before the end: decode once, then
                 text = service.tokenizer.decode(ids)
                 safe, hit = stop_scan(text, params.stop)
                 if hit:
@@ -517,7 +524,7 @@ def _next_event(service: CompletionService, job: _Job) -> _Event:
         try:
             return job.events.get(timeout=1.0)
         except queue.Empty:
-            if not service._thread.is_alive():
+            if not service.alive:
                 return _Failed("the engine thread stopped before this request finished.")
 
 
