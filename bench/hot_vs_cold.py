@@ -75,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--builds", type=int, default=6, help=f"how many builds (1..{len(VARIANTS)})")
     p.add_argument("--repeats", type=int, default=3, help="measured benchmark passes per experiment")
     p.add_argument("--warmup", type=int, default=1, help="warm-up passes per experiment")
+    p.add_argument(
+        "--requests", type=int, help="benchmark requests per pass (default: DEVICE_SCALE for the device)"
+    )
+    p.add_argument("--max-input", type=int, help="longest prompt after scaling (default: DEVICE_SCALE)")
+    p.add_argument("--max-output", type=int, help="longest output after scaling (default: DEVICE_SCALE)")
+    p.add_argument("--concurrency", type=int, help="scheduler batch size cap (default: DEVICE_SCALE)")
     p.add_argument("--verify-prompts", type=int, default=4)
     p.add_argument("--verify-steps", type=int, default=16)
     p.add_argument(
@@ -206,12 +212,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from polymorph.api import Gates
     from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant
-    from polymorph_engine.experiment import BenchSettings, fit_for_device
+    from polymorph_engine.experiment import DEVICE_SCALE, BenchSettings
     from polymorph_engine.hotreload import Engine
     from polymorph_engine.model import load_model, save_checkpoint
     from polymorph_engine.supervisor import Supervisor
     from polymorph_engine.verify import default_prompts, golden
-    from polymorph_engine.workload import DEFAULT_WORKLOAD, workload_from_profile
+    from polymorph_engine.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
 
     _set_threads(args)
     t = time.perf_counter()
@@ -223,9 +229,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for i, knobs in enumerate(VARIANTS[: args.builds]):
         name = "reference" if not knobs else "-".join(f"{k}={v}" for k, v in knobs.items())
         builds.append((knobs, knob_variant(REFERENCE_BUILD, knobs, work / f"build-{i}", name=name[:60])))
-    workload = fit_for_device(
-        workload_from_profile(DEFAULT_WORKLOAD, seed=args.seed), args.device, config.max_position_embeddings
+    caps = dict(DEVICE_SCALE["cuda" if args.device.startswith("cuda") else "cpu"])
+    for key, value in (
+        ("max_requests", args.requests),
+        ("max_input", args.max_input),
+        ("max_output", args.max_output),
+        ("max_concurrency", args.concurrency),
+    ):
+        if value is not None:
+            caps[key] = value
+    profile_workload = workload_from_profile(
+        DEFAULT_WORKLOAD, n=max(64, caps["max_requests"]), seed=args.seed
     )
+    workload = fit_workload(profile_workload, **caps)
     _save_workload(workload, work / "workload.json")
     reference = golden(model, default_prompts(config.vocab_size, args.verify_prompts), args.verify_steps)
     reference.save(work / "golden.pt")
@@ -420,6 +436,19 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.builds <= len(VARIANTS):
         print(f"error: --builds must be between 1 and {len(VARIANTS)}; got {args.builds}.", file=sys.stderr)
         return 2
+    for flag in (
+        "requests",
+        "max_input",
+        "max_output",
+        "concurrency",
+        "repeats",
+        "verify_prompts",
+        "verify_steps",
+    ):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            print(f"error: --{flag.replace('_', '-')} must be >= 1; got {value}.", file=sys.stderr)
+            return 2
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
         result = run(args, Path(tempfile.mkdtemp(prefix="hot-vs-cold-", dir=args.workdir)))
