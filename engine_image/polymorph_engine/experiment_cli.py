@@ -30,6 +30,7 @@ __all__ = ["configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "exit status: 0 when every build passed, 1 when any did not, 2 for bad input"
     parser.add_argument(
         "--model", default="tiny", help="model shape (tiny, llama-1b, llama-8b, ...) or checkpoint dir"
     )
