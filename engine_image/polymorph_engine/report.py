@@ -79,6 +79,11 @@ def final_json(outcome: CampaignOutcome, stats: Any, store: Store, paths: Campai
             if best
             else None
         ),
+        "bestCandidate": (
+            {k: cand.get(k) for k in ("build", "value", "speedup", "speedupNoise")}
+            if (cand := result.get("bestCandidate"))
+            else None
+        ),
         "experiments": result["experiments"]
         | {"ranThisRun": outcome.ranThisSession, "fromLedger": outcome.fromLedger},
         "experimentsPerHour": experiments_per_hour(outcome),
