@@ -124,7 +124,7 @@ def _checked(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_campaign_workload(path: str | None) -> tuple[Any, Any]:
-    """``(Workload, WorkloadProfile | None)`` from a workload file, or the sample profile."""
+    """``(Workload, WorkloadProfile)`` from a workload file (a trace's profile is derived), or the sample."""
     import yaml
 
     from polymorph.api import WorkloadProfile
@@ -134,11 +134,32 @@ def load_campaign_workload(path: str | None) -> tuple[Any, Any]:
         return workload_from_profile(DEFAULT_WORKLOAD), DEFAULT_WORKLOAD
     workload = load_workload(path)  # raises UsageError naming the file and field
     if path.endswith(".jsonl"):
-        return workload, None
+        return workload, profile_of(workload)
     doc = yaml.safe_load(Path(path).read_text())
     if isinstance(doc, dict) and set(doc) == {"profile"}:
         doc = doc["profile"]
     return workload, WorkloadProfile.model_validate(doc)
+
+
+def _histogram(lengths: list[int]) -> Any:
+    from polymorph.api import Histogram
+
+    bounds = sorted({1 << max(0, n - 1).bit_length() for n in lengths})
+    counts = [
+        sum(1 for n in lengths if (i == 0 or n > bounds[i - 1]) and n <= b) for i, b in enumerate(bounds)
+    ]
+    return Histogram(bounds=bounds, counts=counts)
+
+
+def profile_of(workload: Any) -> Any:
+    """The WorkloadProfile of a trace: power-of-two length buckets, and its concurrency."""
+    from polymorph.api import WorkloadProfile
+
+    return WorkloadProfile(
+        inputTokens=_histogram([r.input_tokens for r in workload.requests]),
+        outputTokens=_histogram([r.output_tokens for r in workload.requests]),
+        concurrency=max(1, min(workload.concurrency, 4096)),
+    )
 
 
 def resolve_base_build(base: str, store: Any, cache: Path) -> tuple[Path, str]:

@@ -144,3 +144,55 @@ def test_agent_rejects_a_bad_spec_in_one_sentence(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "sandbox index" in proc.stderr
+
+
+def test_the_agent_side_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "import polymorph_engine.sandbox, polymorph_engine.campaign, polymorph_engine.report\n"
+        "from polymorph_engine.admin import RemoteRunner\n"
+        "from polymorph_engine.agents.search import SearchAgent\n"
+        "from polymorph_engine.agents.claude import ClaudeAgent\n"
+        "from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant, read_build\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+def test_claude_sandbox_agent_reads_its_key_from_the_mounted_file(engine: str, tmp_path: Path) -> None:
+    from fake_anthropic import FakeAnthropic, message, tool_use
+
+    key = "sk-ant-sandbox-" + os.urandom(12).hex()
+    keyfile = tmp_path / "api-key"
+    keyfile.write_text(key + "\n")
+    job = json.loads(json.dumps(JOB))
+    job["spec"]["agent"] = {"kind": "Claude", "apiKeySecretRef": {"name": "anthropic", "key": "api-key"}}
+    job["spec"]["budget"]["sandboxes"] = 1
+    replies = [
+        message([tool_use("list_files", {})]),
+        message([tool_use("finish", {"summary": "nothing to do"})]),
+    ]
+    store = tmp_path / "store"
+    with FakeAnthropic(key, lambda req, n: replies[n]) as api:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+        env.update(
+            ANTHROPIC_BASE_URL=api.url,
+            POLYMORPH_ANTHROPIC_KEY_FILE=str(keyfile),
+            POLYMORPH_COMPILEJOB=json.dumps(job),
+        )
+        proc = subprocess.run(
+            [*POLYMORPH, "sandbox", "agent", "--engine-url", engine, "--store", str(store)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert len(api.requests) == 2 and json.loads(proc.stdout)["stopReason"] == "finished"
+    s = open_store(str(store))
+    prefix = "compilejobs/inference/tiny-cj-0f1e2d3c-aaaa-bbbb/"
+    assert [r["agent"] for r in s.read_jsonl(prefix + "ledger-0.jsonl")] == ["claude"]
+    everything = "".join(p.read_text(errors="replace") for p in store.rglob("*.json*"))
+    assert key not in everything and key not in proc.stdout and key not in proc.stderr

@@ -1,0 +1,62 @@
+"""The compile display (rich on a terminal, plain lines otherwise) and trace profiles."""
+
+from __future__ import annotations
+
+import io
+
+from polymorph.api import ExperimentRecord, Figures, Objective, Verification
+from polymorph_engine.compile_cli import profile_of
+from polymorph_engine.report import Display
+from polymorph_engine.workload import parse_trace
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _record(build: str, tps: float, description: str) -> ExperimentRecord:
+    fig = Figures(
+        outputTokensPerSecond=tps,
+        totalTokensPerSecond=tps,
+        ttftP50Ms=1,
+        ttftP95Ms=1,
+        itlP50Ms=1,
+        itlP95Ms=1,
+        noise=0.02,
+    )
+    ver = Verification(tokenAgreement=1, logitError=0, finite=True, passed=True)
+    return ExperimentRecord(
+        build=build, status="passed", verification=ver, figures=fig, description=description
+    )
+
+
+def _progress(n: int) -> dict[str, object]:
+    return {"counts": {"total": n}, "baseline": {"value": 100.0}}
+
+
+def test_plain_lines_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    with Display(total=3, objective=Objective(), stream=out) as d:
+        d.on_record(_record("sha256:" + "a" * 64, 100.0, "baseline"), False, _progress(1))
+        d.on_record(_record("sha256:" + "b" * 64, 150.0, "sweep: x=1"), True, _progress(2))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[  1/3] passed") and "1.00x" in lines[0]
+    assert "1.50x sweep: x=1 (from ledger)" in lines[1]
+
+
+def test_rich_progress_and_leaderboard_on_a_terminal() -> None:
+    out = Terminal()
+    with Display(total=3, objective=Objective(), stream=out) as d:
+        assert d.rich
+        d.on_record(_record("sha256:" + "a" * 64, 100.0, "baseline"), False, _progress(1))
+        d.on_record(_record("sha256:" + "b" * 64, 180.0, "sweep: fast=yes"), False, _progress(2))
+    text = out.getvalue()
+    assert "leaderboard" in text and "1.80x" in text and "sweep: fast=yes" in text and "2/3" in text
+
+
+def test_a_trace_gets_a_power_of_two_profile() -> None:
+    lines = [f'{{"inputTokens": {n}, "outputTokens": 8}}' for n in (3, 30, 33, 100)]
+    profile = profile_of(parse_trace(lines, concurrency=4))
+    assert profile.inputTokens.bounds == [4, 32, 64, 128] and profile.inputTokens.counts == [1, 1, 1, 1]
+    assert profile.outputTokens.bounds == [8] and profile.concurrency == 4
