@@ -3,8 +3,8 @@
 The functional core (``objective_value``, ``violations``, ``compare``, ``select_result``,
 ``counts``, ``budget_share``) is pure and works on records. ``Campaign`` is the shell: it
 runs the baseline, hands the agent a ``CampaignContext``, appends every experiment to the
-ledger, keeps the progress document current, stores each new best build with its manifest
-and finally writes ``result.json``.
+ledger, keeps the progress document current, stores each eligible candidate build with its
+manifest, confirms the winner and finally writes ``result.json``.
 
 The winning rule, noise-aware. Let ``v`` and ``b`` be the candidate's and the baseline's
 objective values and ``nv``, ``nb`` their relative noise (``Figures.noise``: (max - min) /
@@ -13,8 +13,10 @@ median over benchmark repeats). A candidate wins when, for maximised metrics (to
 ``v * (1 + nv) * minSpeedup < b * (1 - nb)``: it must still be ``minSpeedup`` times better
 when both measurements sit at the unfavourable edge of their spread. It must also have
 passed verification and honour every objective constraint. ``Figures.noise`` is measured on
-output tok/s; for the other objective metrics it stands in as their relative spread. Among winners the highest
-speedup is the result; otherwise the result is an explicit "no improvement".
+output tok/s; for the other objective metrics it stands in as their relative spread. Among
+winners the highest speedup is the result; otherwise the result is an explicit "no
+improvement". ``speedup`` is ``v / b`` (maximised) or ``b / v`` (minimised), reported with
+``speedupNoise = nv + nb``.
 
 Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbox ``i`` of
 ``n`` may run its share (``budget_share``). The deadline counts campaign time across runs
@@ -56,6 +58,7 @@ from typing import Any, Protocol
 from polymorph.api import Budget, BuildManifest, ExperimentRecord, Figures, Gates, Objective, WorkloadProfile
 from polymorph.api.build import TokenUsage
 from polymorph.api.common import Constraint, parse_duration
+from polymorph.errors import BuildError
 from polymorph.store import Store, build_archive_key, build_id
 from polymorph_engine.agents.base import Agent, AgentError, BudgetExhausted, Comparison, StopReason
 from polymorph_engine.ledger import CampaignPaths, Ledger
@@ -215,7 +218,11 @@ def select_result(
     doc["state"] = "noImprovement"
     if scored:
         cmp, rec, _ = max(scored, key=lambda s: s[0].speedup)
-        doc["bestCandidate"] = _summary(rec, objective) | {"speedup": cmp.speedup, "speedupNoise": cmp.noise}
+        doc["bestCandidate"] = _summary(rec, objective) | {
+            "speedup": cmp.speedup,
+            "speedupNoise": cmp.noise,
+            "knobs": rec.knobs,
+        }
         doc["message"] = (
             f"no improvement: the best candidate reached {cmp.speedup:.2f}x ±{cmp.noise * 100:.0f}%, "
             f"not beyond noise and the {gates.minSpeedup:g}x gate"
@@ -387,7 +394,7 @@ class Campaign:
 
             spec = read_build(build_dir)
             return {name: knob.default for name, knob in spec.knobs.items()}
-        except Exception:  # a malformed agent-written build: the runner reports why
+        except BuildError:  # a malformed agent-written build: the runner reports why
             return {}
 
     def _put_build(self, record: ExperimentRecord, build_dir: Path) -> None:
@@ -400,7 +407,7 @@ class Campaign:
 
             spec = read_build(build_dir)
             name, parent = name or spec.name, parent or spec.parent
-        except Exception:
+        except BuildError:
             pass
         manifest = BuildManifest(
             id=record.build,
