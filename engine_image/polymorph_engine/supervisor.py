@@ -35,6 +35,7 @@ from typing import Any
 
 from polymorph.api import ExperimentRecord, Gates, WorkloadProfile
 from polymorph.api.build import Timings
+from polymorph.errors import UsageError
 from polymorph_engine.experiment import BenchSettings
 from polymorph_engine.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
 
@@ -111,6 +112,9 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
         engine = Engine(model)
         gates = Gates.model_validate(config.gates)
         conn.send(("ready", time.perf_counter() - started))
+    except UsageError as exc:  # a bad model source, device or dtype: already one sentence
+        conn.send(("error", str(exc)))
+        return
     except Exception as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
