@@ -39,7 +39,7 @@ from typing import Any
 
 from polymorph.api import ExperimentRecord
 from polymorph.api.build import TokenUsage
-from polymorph.errors import UsageError
+from polymorph.errors import StoreError, UsageError
 from polymorph_engine.agents.base import AgentError, BudgetExhausted, CampaignContext
 
 __all__ = ["TOOLS", "ClaudeAgent", "ToolError", "resolve_api_key", "safe_path"]
@@ -440,7 +440,11 @@ class ClaudeAgent:
                 work, snapshot, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
             )
             usage, self._pending = self._pending, TokenUsage()
-            record = ctx.run_experiment(snapshot, description=description, usage=usage)
+            try:
+                record = ctx.run_experiment(snapshot, description=description, usage=usage)
+            except StoreError as exc:  # the snapshot cannot be archived (size, odd files)
+                self._pending = usage  # still owed to the next experiment's record
+                raise ToolError(f"this build cannot be run: {exc}") from None
             return describe_record(record, ctx) + "\n\nLeaderboard:\n" + leaderboard_text(ctx, 5)
         known = ", ".join(t["name"] for t in TOOLS)
         raise ToolError(f"unknown tool {name!r}; the tools are {known}")
