@@ -286,3 +286,37 @@ def test_api_key_sources(tmp_path: Path) -> None:
     )
     assert resolve_api_key(None, {"ANTHROPIC_API_KEY": "env"}) == "env"
     assert "secret" not in repr(ClaudeAgent(api_key="secret"))
+
+
+def test_compact_elides_old_tool_io_but_keeps_the_shape() -> None:
+    from polymorph_engine.agents.claude import compact
+
+    big = "y" * 5000
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "intro " + big}]
+    for i in range(10):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": f"t{i}",
+                        "name": "write_file",
+                        "input": {"path": "a.py", "content": big},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": big}]}
+        )
+    compact(messages, keep=4)
+    assert messages[0]["content"].endswith(big)  # the intro stays whole
+    assert (
+        len(messages[1]["content"][0]["input"]["content"]) < 500
+        and len(messages[2]["content"][0]["content"]) < 500
+    )
+    assert (
+        messages[-1]["content"][0]["content"] == big and messages[-2]["content"][0]["input"]["content"] == big
+    )
+    assert [m["content"][0]["tool_use_id"] for m in messages[2::2]] == [f"t{i}" for i in range(10)]

@@ -16,6 +16,8 @@ source. Budgets: experiments and the deadline are the campaign's; tokens (input 
 across resumes) are this agent's, and each experiment's record carries the tokens spent
 since the previous one. Transient API errors are retried by the SDK (``max_retries``); a
 failure that outlasts them raises ``AgentError`` and the campaign ends with its best result.
+Old tool results and written file contents are elided from the conversation (``compact``)
+so a long campaign stays within the context window.
 
 The API key is passed in by the caller (``resolve_api_key``) and never written anywhere:
 not in prompts, records, logs or error messages.
@@ -42,7 +44,7 @@ from polymorph.api.build import TokenUsage
 from polymorph.errors import StoreError, UsageError
 from polymorph_engine.agents.base import AgentError, BudgetExhausted, CampaignContext
 
-__all__ = ["TOOLS", "ClaudeAgent", "ToolError", "resolve_api_key", "safe_path"]
+__all__ = ["TOOLS", "ClaudeAgent", "ToolError", "compact", "resolve_api_key", "safe_path"]
 
 KEY_FILE_ENV = "POLYMORPH_ANTHROPIC_KEY_FILE"
 MAX_FILE_BYTES = 512 * 1024
@@ -248,6 +250,28 @@ Rules:
     return text
 
 
+ELIDED = " …(elided to save context; re-read the file if you need it)"
+
+
+def compact(messages: list[dict[str, Any]], keep: int = 12, limit: int = 400) -> None:
+    """Shorten tool results and written file contents older than the last ``keep`` messages, in place.
+
+    The conversation keeps its shape (every tool_use still has its tool_result), so the API
+    accepts it, but a long campaign no longer resends every file it ever read or wrote.
+    """
+    for msg in messages[1:-keep] if len(messages) > keep + 1 else []:
+        if not isinstance(msg["content"], list):
+            continue
+        for block in msg["content"]:
+            if block.get("type") == "tool_result" and isinstance(block.get("content"), str):
+                if len(block["content"]) > limit:
+                    block["content"] = block["content"][:limit] + ELIDED
+            elif block.get("type") == "tool_use" and isinstance(block.get("input"), dict):
+                content = block["input"].get("content")
+                if isinstance(content, str) and len(content) > limit:
+                    block["input"] = block["input"] | {"content": content[:limit] + ELIDED}
+
+
 def _block_param(block: Any) -> dict[str, Any] | None:
     """An assistant content block as a request parameter (unknown kinds are dropped)."""
     kind = getattr(block, "type", None)
@@ -306,6 +330,7 @@ class ClaudeAgent:
             ctx.ensure_budget()  # no experiment could run, so asking the model is pointless
             if self.used.inputTokens + self.used.outputTokens >= self.max_tokens:
                 raise BudgetExhausted("tokens", f"the token budget ({self.max_tokens} tokens) is spent")
+            compact(messages)
             response = self._create(client, anthropic, system, messages)
             usage = TokenUsage(
                 inputTokens=response.usage.input_tokens or 0, outputTokens=response.usage.output_tokens or 0
