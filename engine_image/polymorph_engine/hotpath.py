@@ -21,16 +21,18 @@ class HotPath(Protocol):
         ...
 
     def prefill(self, cache: Any, slot: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Run the prompt ``tokens`` [S] (int64) into ``slot`` (which must be empty).
+        """Run the prompt ``tokens`` [S] (int64, CPU or device) into ``slot`` (which must be empty).
 
-        Returns the logits of the last position: [V].
+        Returns the logits of the last position: [V] (float32 in the reference build).
         """
         ...
 
     def decode(self, cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """One decode step for ``slots`` [B] (int64) given their last tokens [B] (int64).
 
-        Appends one position to each slot and returns logits [B, V].
+        Appends one position to each slot and returns logits [B, V]. Pass ``slots`` on the CPU:
+        the hot path reads them on the host (bounds, lengths) without a device sync; ``tokens``
+        may stay on the device, as ``sample`` returns them. Slots in one call are distinct.
         """
         ...
 

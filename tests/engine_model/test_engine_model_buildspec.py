@@ -231,3 +231,16 @@ def test_knob_variant_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="not an empty directory"):
         knob_variant(base, {"width": 2}, tmp_path / "v2")
     shutil.rmtree(tmp_path / "v2")
+
+
+def test_knob_variants_have_their_own_build_ids(tmp_path: Path) -> None:
+    from polymorph.store.archive import build_id
+
+    same = knob_variant(REFERENCE_BUILD, {}, tmp_path / "same")
+    static = knob_variant(REFERENCE_BUILD, {"kv_cache": "static"}, tmp_path / "static")
+    sdpa = knob_variant(REFERENCE_BUILD, {"attention": "sdpa"}, tmp_path / "sdpa")
+    ids = {build_id(same), build_id(static), build_id(sdpa)}
+    assert len(ids) == 3
+    assert build_id(knob_variant(REFERENCE_BUILD, {"kv_cache": "static"}, tmp_path / "again")) == build_id(
+        static
+    )
