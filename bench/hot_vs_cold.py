@@ -12,6 +12,8 @@ workload) two ways:
 ``cold_s_per_experiment`` is the mean wall time of a cold process, spawn to exit;
 ``hot_s_per_experiment`` the mean wall time of ``Supervisor.run`` (pipe round trip included),
 with the worker's one-time start reported apart as ``hot_start_s``; ``ratio`` = cold / hot.
+Since both ways do the same verify + bench work, ``*_overhead_s_per_experiment`` subtract it
+(per record timings) and ``overhead_ratio`` compares what remains: the swap versus a restart.
 
 It also reports, per build, batch-1 decode tok/s and its fraction of the memory roofline:
 bytes per token = weight bytes + KV bytes read at the mean context; roofline tok/s = copy
@@ -332,6 +334,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cold_phases.append(out["phases"])
 
     cold_mean, hot_mean = sum(cold_s) / len(cold_s), sum(hot_s) / len(hot_s)
+    # What each way pays besides verify + bench (the work both share): hot, the swap and the pipe;
+    # cold, process start, imports, device init, weights, golden and the swap.
+    hot_overhead = [s - r.timings.verifyS - r.timings.benchS for s, r in zip(hot_s, hot_records, strict=True)]
+    cold_overhead = [
+        s - r["timings"]["verifyS"] - r["timings"]["benchS"]
+        for s, r in zip(cold_s, cold_records, strict=True)
+    ]
+    hot_overhead_mean = sum(hot_overhead) / len(hot_overhead)
+    cold_overhead_mean = sum(cold_overhead) / len(cold_overhead)
     per_build = []
     for i, (knobs, _build) in enumerate(builds):
         hot, cold = hot_records[i], cold_records[i]
@@ -361,6 +372,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "cold_experiments_per_hour": round(3600 / cold_mean, 1),
         "hot_experiments_per_hour": round(3600 / hot_mean, 1),
         "hot_start_s": round(hot_start_s, 3),
+        "hot_overhead_s_per_experiment": round(hot_overhead_mean, 4),
+        "cold_overhead_s_per_experiment": round(cold_overhead_mean, 4),
+        "overhead_ratio": round(cold_overhead_mean / max(hot_overhead_mean, 1e-9), 1),
         "setup_s": round(setup_s, 3),
         "builds": per_build,
         "all_passed": all(b["hotStatus"] == b["coldStatus"] == "passed" for b in per_build),
@@ -416,7 +430,9 @@ def _summary(result: dict[str, Any]) -> str:
         f"cold: {result['cold_s_per_experiment']:.3f} s/experiment ({result['cold_experiments_per_hour']:.0f}/h)",
         f"hot:  {result['hot_s_per_experiment']:.3f} s/experiment ({result['hot_experiments_per_hour']:.0f}/h), "
         f"worker start {result['hot_start_s']:.2f} s once",
-        f"ratio: {result['ratio']:.1f}x",
+        f"ratio: {result['ratio']:.1f}x end to end; overhead besides verify + bench: "
+        f"cold {result['cold_overhead_s_per_experiment']:.3f} s vs hot {result['hot_overhead_s_per_experiment']:.4f} s "
+        f"({result['overhead_ratio']:.0f}x)",
         f"copy bandwidth {result['roofline']['copyBandwidthGBps']} GB/s; "
         f"roofline {result['roofline']['rooflineTokensPerSecond']:.1f} tok/s at batch 1",
     ]
