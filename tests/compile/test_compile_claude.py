@@ -244,13 +244,20 @@ def test_end_turn_without_finish_and_max_tokens_nudge(
                 )
             ]
         ),
-        message([tool_use("run_experiment", {"description": "batch 2"})]),
+        message(
+            [
+                tool_use("run_experiment", {"description": "batch 2"}),
+                tool_use("write_file", {"path": "build.toml/inside", "content": "x"}),
+            ]
+        ),
         message([text("I am done.")], stop_reason="end_turn"),
     ]
     with FakeAnthropic("k", lambda req, n: replies[n]) as api:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
         out = _campaign(tmp_path).run(ClaudeAgent(api_key="k"))
     assert "Continue" in json.dumps(api.requests[1]["messages"][-1])
+    ran, bad_write = tool_results(api.requests[3])
+    assert "status: passed" in result_text(ran) and bad_write.get("is_error")
     assert out.stopReason == "finished" and "without calling finish" in out.message
     assert out.result["state"] == "improved" and out.result["best"]["speedup"] == pytest.approx(2.0)
 

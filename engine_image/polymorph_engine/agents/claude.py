@@ -363,12 +363,15 @@ class ClaudeAgent:
                     continue
                 try:
                     if call.name == "finish":
-                        summary = str((call.input or {}).get("summary", "")) or "finished"
+                        args = call.input if isinstance(call.input, dict) else {}
+                        summary = str(args.get("summary", "")) or "finished"
                         results.append(_result(call.id, "campaign finished"))
                     else:
                         results.append(_result(call.id, self._tool(ctx, work, call.name, call.input)))
                 except ToolError as exc:
                     results.append(_result(call.id, str(exc), True))
+                except OSError as exc:  # e.g. writing "a/b" where "a" is a file
+                    results.append(_result(call.id, f"{call.name} failed: {exc.strerror or exc}", True))
             messages.append({"role": "user", "content": results})
             if summary is not None:
                 return f"Claude finished: {summary}"
