@@ -334,8 +334,13 @@ def _parse_device(device: str | torch.device) -> torch.device:
         raise UsageError(
             f"device must be a torch device such as 'cpu' or 'cuda:0'; got {device!r}."
         ) from None
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(
+                f"device {device!r} is not available here: torch sees no CUDA device; use 'cpu'."
+            )
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

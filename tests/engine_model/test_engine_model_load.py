@@ -148,6 +148,13 @@ def test_bad_sources_give_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as e:
         load_model(str(tmp_path))
     assert "config.json" in _one_sentence(e.value)
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError) as e:
+            load_model("tiny", device="cuda")
+        assert "device" in _one_sentence(e.value)
+    with pytest.raises(UsageError) as e:
+        load_model("tiny", device="tpu-please")
+    assert "device" in _one_sentence(e.value)
 
 
 @pytest.mark.parametrize(
