@@ -13,7 +13,7 @@ from polymorph.cli import main
 from polymorph.store import LocalStore
 from polymorph_engine.buildspec import REFERENCE_BUILD
 
-QUICK = ["--model", MODEL, "--repeats", "1", "--warmup", "0"]
+QUICK = ["--model", MODEL, "--repeats", "1", "--warmup", "0", "--threads", "1"]
 
 
 def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
@@ -84,6 +84,7 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--build", "reference", "--experiment-timeout", "soon"], "--experiment-timeout must be seconds"),
         (["--build", "reference", "--experiment-timeout", "-3"], "--experiment-timeout must be > 0"),
         (["--build", "reference", "--repeats", "0"], "--repeats must be >= 1"),
+        (["--build", "reference", "--threads", "0"], "--threads must be >= 1"),
         (["--build", "sha256:xyz"], "is not a build id"),
         (["--build", "no/such/dir"], "is neither a directory, 'reference', nor a build id"),
     ],

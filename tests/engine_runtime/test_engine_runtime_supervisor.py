@@ -14,13 +14,19 @@ from polymorph_engine.buildspec import REFERENCE_BUILD
 from polymorph_engine.experiment import BenchSettings
 from polymorph_engine.supervisor import Supervisor, WorkerStartError
 
-TIMEOUT_S = 4.0
+TIMEOUT_S = 6.0
 
 
 @pytest.fixture(scope="module")
 def supervisor() -> Iterator[Supervisor]:
+    # One torch thread: on a shared 2-core machine, spinning OpenMP workers can slow a tiny model
+    # 50x, and a good build must never look like a hang.
     with Supervisor(
-        MODEL, experiment_timeout=TIMEOUT_S, settings=BenchSettings(repeats=1, warmup=0), verify_steps=4
+        MODEL,
+        experiment_timeout=TIMEOUT_S,
+        settings=BenchSettings(repeats=1, warmup=0),
+        verify_steps=4,
+        threads=1,
     ) as sup:
         yield sup
 
