@@ -2,7 +2,8 @@
 
 Owns: the current build and the swap. ``Engine.load_build(dir, knobs)`` first releases the
 current build (``HotPath.close()``, drops every reference, runs the garbage collector if
-reference cycles kept the hot path alive, and returns cached device memory), then imports the new build as a fresh uniquely named
+reference cycles kept the hot path alive, and returns cached device memory and cuBLAS
+workspaces), then imports the new build as a fresh uniquely named
 package (``buildspec.load_hotpath``, which also drops it from ``sys.modules`` once imported,
 so nothing accumulates there) and makes it current.
 Releasing *before* loading keeps memory bounded by one build's derived state: two builds'
@@ -120,6 +121,12 @@ class Engine:
             gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
+            # cuBLAS keeps a workspace (tens of MB on Hopper) per stream it ever ran on, and a build
+            # that captures CUDA graphs on side streams leaves one per stream; they are never
+            # released otherwise, so 20 swaps would keep ~20 builds' worth.
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:
+                clear()
             torch.cuda.empty_cache()
 
     def close(self) -> None:

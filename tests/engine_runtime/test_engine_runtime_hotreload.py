@@ -18,7 +18,7 @@ from polymorph.errors import BuildError
 from polymorph.store import build_id
 from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant
 from polymorph_engine.hotreload import Engine
-from polymorph_engine.model import SHAPES, LoadedModel, weight_shapes
+from polymorph_engine.model import SHAPES, LoadedModel, load_model, weight_shapes
 from polymorph_engine.tokenizer import ByteTokenizer
 from polymorph_engine.verify import default_prompts, golden, verify
 
@@ -137,3 +137,25 @@ def test_memory_stays_bounded_over_20_swaps(tmp_path: Path) -> None:
     assert rss_after - rss_before < derived, (rss_before, rss_after, derived)
     engine.close()
     assert _live_tensor_bytes() < tensors_before - derived * 0.9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device memory accounting needs a CUDA device")
+def test_cuda_memory_stays_bounded_over_20_swaps(tmp_path: Path) -> None:
+    model = load_model("tiny", device="cuda")
+    fused = {"fused_qkv": True, "fused_gate_up": True, "kv_cache": "static"}
+    builds = [
+        knob_variant(REFERENCE_BUILD, {**fused, "decode_capture": "cuda_graph"}, tmp_path / "graphs"),
+        knob_variant(REFERENCE_BUILD, {**fused, "attention": "sdpa"}, tmp_path / "sdpa"),
+    ]
+    reference = golden(model, default_prompts(model.config.vocab_size, n=2), steps=3)
+    engine = Engine(model)
+    for i in range(2):
+        assert verify(
+            engine.load_build(builds[i % 2]).hotpath, reference, Gates(), device=model.device
+        ).passed
+    before = torch.cuda.memory_allocated()
+    for i in range(20):
+        assert verify(
+            engine.load_build(builds[i % 2]).hotpath, reference, Gates(), device=model.device
+        ).passed
+    assert torch.cuda.memory_allocated() <= before * 1.05 + (1 << 20)
