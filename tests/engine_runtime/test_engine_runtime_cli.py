@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_runtime_builds import MODEL, patched_build, sensitive_checkpoint
+from engine_runtime_builds import MODEL, patched_build, sensitive_checkpoint, wrapping_build
 
 from polymorph.cli import main
 from polymorph.store import LocalStore
@@ -17,7 +17,7 @@ QUICK = ["--model", MODEL, "--repeats", "1", "--warmup", "0", "--threads", "1"]
 
 
 def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     checkpoint = sensitive_checkpoint(tmp_path / "checkpoint")  # --model also takes a checkpoint dir
     store = LocalStore(tmp_path / "store")
@@ -26,6 +26,10 @@ def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
         tmp_path / "no-norm",
         "no-norm",
         [("h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)", "h = x")],
+    )
+    # A build that prints from the worker: its chatter must go to stderr, never into --json stdout.
+    chatty = wrapping_build(
+        tmp_path / "chatty", "chatty", "decode", "        print('chatter')\n        return original(*args)"
     )
     workload = tmp_path / "trace.jsonl"
     workload.write_text(
@@ -45,12 +49,14 @@ def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
         "--store",
         str(tmp_path / "store"),
     ]
-    argv += ["--build", str(wrong), "--knob", "kv_cache=static", "--workload", str(workload), "--json"]
+    argv += ["--build", str(wrong), "--build", str(chatty), "--knob", "kv_cache=static"]
+    argv += ["--workload", str(workload), "--json"]
     assert main(argv) == 1  # one build was rejected
-    lines = capsys.readouterr().out.splitlines()
-    records = [json.loads(line) for line in lines]
-    assert [r["status"] for r in records] == ["passed", "passed", "rejected"]
-    assert [r["name"] for r in records] == ["reference", "reference", "no-norm"]
+    captured = capfd.readouterr()  # file descriptors: what the worker process wrote too
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert "chatter" in captured.err
+    assert [r["status"] for r in records] == ["passed", "passed", "rejected", "passed"]
+    assert [r["name"] for r in records] == ["reference", "reference", "no-norm", "chatty"]
     assert all(r["knobs"]["kv_cache"] == "static" for r in records)
     assert records[0]["build"] == records[1]["build"] != stored  # the same variant of the same build
     assert records[0]["figures"]["outputTokensPerSecond"] > 0 and records[2]["figures"] is None
