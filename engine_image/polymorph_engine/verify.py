@@ -26,6 +26,7 @@ Shapes: P = prompts, K = steps, V = vocab size.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,10 +113,13 @@ def _run(
         for k in range(1, steps):
             feed = forced[:, k - 1].to(device) if forced is not None else sampled
             sampled = record(hotpath.decode(cache, slots, feed), k)
-    finally:
-        for i in range(n):
-            hotpath.free(cache, i)
-        del cache
+    except BaseException:
+        with contextlib.suppress(Exception):  # the build's first error is the story, not a later one
+            for i in range(n):
+                hotpath.free(cache, i)
+        raise
+    for i in range(n):
+        hotpath.free(cache, i)
     return torch.stack(all_tokens, dim=1).to(torch.int64), torch.stack(all_logits, dim=1)
 
 
