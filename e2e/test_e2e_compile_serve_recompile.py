@@ -1,0 +1,163 @@
+"""Whole loop on a laptop: compile, serve the winner by id, capture traffic, recompile on it.
+
+Every step is the real command line in its own process, sharing one local store:
+
+1. ``polymorph compile`` runs a search campaign on the tiny model and stores its builds;
+2. ``polymorph experiment --build <id>`` runs the stored build again, hash-verified;
+3. ``polymorph engine serve --build <id>`` serves it; completions (plain and streaming) and
+   ``/metrics`` carry the build id; the sampled traffic trace is flushed on SIGTERM;
+4. ``polymorph compile --workload <trace>`` tunes again for the traffic the server saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from polymorph.store import LocalStore
+from polymorph_engine.workload import parse_trace
+
+_URL = re.compile(r"on (http://\S+)")
+
+
+def _polymorph(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polymorph.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _compile(cwd: Path, store: Path, campaign: str, *extra: str) -> dict[str, Any]:
+    proc = _polymorph(
+        [
+            "compile",
+            "--store",
+            str(store),
+            "--campaign",
+            campaign,
+            "--max-experiments",
+            "8",
+            "--json",
+            *extra,
+        ],
+        cwd,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def _serve(cwd: Path, args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polymorph.cli", "engine", "serve", "--port", "0", *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if match := _URL.search(line):
+            return proc, match.group(1)
+    proc.kill()
+    raise AssertionError(f"the engine did not start: {proc.stderr.read()}")
+
+
+def test_compile_serve_capture_and_recompile(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = LocalStore(store_dir)
+
+    # 1. A campaign on the embedded defaults stores every build that passed the gates.
+    first = _compile(tmp_path, store_dir, "e2e")
+    assert first["baseline"] is not None
+    assert first["experiments"]["total"] >= 2
+    chosen = first["best"] or first["bestCandidate"]
+    assert chosen is not None, first
+    build = chosen["build"]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", build)
+    assert store.has_build(build)
+    manifest = store.get_manifest(build)
+    assert manifest.workload is not None and manifest.figures is not None
+
+    # 2. The stored build runs again by id.
+    again = _polymorph(
+        ["experiment", "--model", "tiny", "--build", build, "--store", str(store_dir), "--json"], tmp_path
+    )
+    assert again.returncode == 0, again.stderr
+    record = json.loads(again.stdout.splitlines()[-1])
+    assert record["build"] == build and record["status"] == "passed"
+
+    # 3. Serve it by id; every request is sampled into the trace.
+    proc, url = _serve(
+        tmp_path,
+        [
+            "--model",
+            "tiny",
+            "--build",
+            build,
+            "--store",
+            str(store_dir),
+            "--model-deployment",
+            "chat",
+            "--namespace",
+            "e2e",
+            "--trace-sample-rate",
+            "1",
+        ],
+    )
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            assert client.get("/readyz").status_code == 200
+            for n in range(6):
+                r = client.post(
+                    "/v1/completions",
+                    json={"model": "tiny", "prompt": "x" * (10 + 7 * n), "max_tokens": 4 + n},
+                )
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] >= 1
+            with client.stream(
+                "POST",
+                "/v1/completions",
+                json={"model": "tiny", "prompt": "hello", "max_tokens": 5, "stream": True},
+            ) as s:
+                events = [line for line in s.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+            metrics = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        requests = [s for s in metrics["polymorph_requests"].samples if s.name == "polymorph_requests_total"]
+        assert sum(s.value for s in requests if s.labels["status"] == "ok") == 7
+        assert {s.labels["build"] for s in requests} == {build}
+        assert {s.labels["model_deployment"] for s in requests} == {"chat"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+    traces = store.list("workloads/e2e/chat/")
+    assert len(traces) == 1, traces
+    trace_file = tmp_path / "trace.jsonl"
+    trace_file.write_bytes(store.get_bytes(traces[0]))
+    captured = parse_trace(trace_file.read_text().splitlines())
+    assert len(captured.requests) == 7
+
+    # 4. Recompile for the traffic the server captured: a different workload, a new campaign.
+    second = _compile(tmp_path, store_dir, "e2e-captured", "--workload", str(trace_file))
+    assert second["baseline"] is not None
+    assert second["campaign"]["prefix"] != first["campaign"]["prefix"]
+    assert second["experiments"]["total"] >= 2
