@@ -379,26 +379,36 @@ def weight_names(config: ModelConfig) -> list[str]:
     return list(weight_shapes(config))
 
 
+STABLE_INIT_SHAPES = frozenset({"llama-1b", "llama-8b"})
+"""Random shapes whose weights use the rounding-stable init (see ``_random_weights``).
+
+The tiny shapes keep the plain init: they run in float32, where rounding never flips a greedy
+token, and there the plain init makes verification sharpest (a RoPE off by one moves the logits
+by several times the default tolerance instead of just past it)."""
+
+
 def _random_weights(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int, *, stable: bool
 ) -> dict[str, torch.Tensor]:
     """Seeded random weights, created on the device in the target dtype (an 8B model takes
     seconds on a GPU, with no host copy).
 
-    Scales keep activations O(1): matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights
-    ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2); the residual-branch outputs (o_proj, down_proj) are
-    further scaled by 1/sqrt(2 * layers), as in GPT-2, so the residual stream does not grow with
-    depth. An untied ``lm_head`` is a randomly permuted copy of the embedding over sqrt(H): greedy
-    decoding then follows a random bigram map with a wide margin, so builds that differ only in
-    rounding (bf16, fused matmuls) agree on tokens while attention still moves every logit. Pure
-    noise heads make near-ties common in bf16, and token-agreement gates would measure rounding.
-    A tied head (``tie_word_embeddings``) makes the current token the argmax.
+    Plain init keeps activations O(1): matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm
+    weights ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2), and an untied head ~ N(0, 1/H).
+
+    ``stable`` adds two changes for large shapes served in bf16: the residual-branch outputs
+    (o_proj, down_proj) are scaled by 1/sqrt(2 * layers), as in GPT-2, so the residual stream does
+    not grow with depth; and an untied ``lm_head`` is a randomly permuted copy of the embedding over
+    sqrt(H), so greedy decoding follows a random bigram map with a wide margin. Builds that differ
+    only in rounding (bf16, fused matmuls) then agree on tokens while attention still moves every
+    logit; with pure noise heads near-ties are common in bf16 and token-agreement gates would
+    measure rounding (10-40% agreement on llama-8b). A tied head makes the current token the argmax.
     """
     gen = torch.Generator(device=device).manual_seed(seed)
-    residual_scale = 1.0 / math.sqrt(2 * config.num_hidden_layers)
+    residual_scale = 1.0 / math.sqrt(2 * config.num_hidden_layers) if stable else 1.0
     weights: dict[str, torch.Tensor] = {}
     for name, shape in weight_shapes(config).items():
-        if name == "lm_head.weight":
+        if name == "lm_head.weight" and stable:
             perm = torch.randperm(shape[0], generator=gen, device=device)
             weights[name] = weights["model.embed_tokens.weight"][perm] / math.sqrt(shape[1])
             continue
@@ -423,7 +433,8 @@ def load_model(
     if source in SHAPES:
         config = SHAPES[source]
         tokenizer = ByteTokenizer(config.vocab_size, config.bos_token_id or 256, config.eos_token_id)
-        return LoadedModel(config, _random_weights(config, dev, dt, seed), tokenizer, dev, dt, source)
+        weights = _random_weights(config, dev, dt, seed, stable=source in STABLE_INIT_SHAPES)
+        return LoadedModel(config, weights, tokenizer, dev, dt, source)
     path = Path(source)
     if not path.is_dir():
         raise UsageError(

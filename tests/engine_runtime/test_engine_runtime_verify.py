@@ -137,3 +137,23 @@ def test_shape_mismatch_is_an_error_not_a_pass(model: LoadedModel, reference: Go
     hotpath, _, _ = load_hotpath(model, build)
     with pytest.raises(ValueError, match="shape"):
         verify(hotpath, reference, GATES, device=model.device)
+
+
+@pytest.fixture(scope="module")
+def demo_model() -> LoadedModel:
+    from polymorph_engine.model import load_model
+
+    return load_model("tiny")
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_builds_are_rejected_by_both_gates_on_the_demo_model(
+    demo_model: LoadedModel, tmp_path: Path, name: str
+) -> None:
+    """``tiny`` is what ``polymorph compile`` and agents run by default: its gates must be sharp
+    there too, with a margin, not only on the test model above."""
+    demo_golden = golden(demo_model, default_prompts(demo_model.config.vocab_size), steps=16)
+    result = _verify(demo_model, patched_build(tmp_path / name, name, WRONG[name]), demo_golden)
+    assert not result.passed
+    assert result.tokenAgreement < GATES.tokenAgreement, result
+    assert result.logitError > 2 * GATES.logitTolerance, result
