@@ -4,8 +4,9 @@ Owns: the current build and the swap. ``Engine.load_build(dir, knobs)`` first re
 current build (``HotPath.close()``, drops every reference, runs the garbage collector if
 reference cycles kept the hot path alive, and returns cached device memory and cuBLAS
 workspaces), then imports the new build as a fresh uniquely named
-package (``buildspec.load_hotpath``, which also drops it from ``sys.modules`` once imported,
-so nothing accumulates there) and makes it current.
+package (``buildspec.load_hotpath``) and makes it current. A build's package stays in
+``sys.modules`` only while its hot path is live (torch.compile re-imports it by name); ``unload``
+calls ``buildspec.forget_build`` so nothing accumulates there across swaps.
 Releasing *before* loading keeps memory bounded by one build's derived state: two builds'
 fused weight copies of a large model never coexist. If loading fails, the engine holds no
 build and the exception propagates to the caller.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from polymorph_engine.buildspec import forget_build
 from polymorph_engine.hotpath import HotPath
 
 if TYPE_CHECKING:
@@ -109,6 +111,7 @@ class Engine:
         except Exception as exc:
             log.warning("build %s raised in close(): %s", current.id, exc)
         hotpath = current.hotpath
+        forget_build(hotpath)
         del current
         try:
             ref: weakref.ref[Any] | None = weakref.ref(hotpath)

@@ -34,7 +34,13 @@ class Figures(StrictModel):
 
 
 class Verification(StrictModel):
-    """How a build compared with the reference's golden outputs."""
+    """How a build compared with the reference's golden outputs.
+
+    ``tokenAgreement`` is the fraction of teacher-forced decode steps whose greedy token equals
+    the golden one; ``logitError`` is the largest max|logits - golden| / max|golden| over prompts
+    and steps; ``finite`` is false when any logit is NaN or infinite (which never passes).
+    ``polymorph_engine.verify`` computes them.
+    """
 
     tokenAgreement: float
     logitError: float
