@@ -9,12 +9,14 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# .ci/constraints.txt pins every dependency to the versions CI last passed with: installs are
+# reproducible and pip's resolver has nothing to backtrack over.
+$(STAMP): pyproject.toml .ci/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch 2.13.0 is on local disk; ask for it first so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[engine,agent,dev]'
+	$(BIN)/pip install -q -c .ci/constraints.txt -e '.[engine,agent,dev]'
 	touch $(STAMP)
 
 lint: venv
