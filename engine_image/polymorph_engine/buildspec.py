@@ -39,6 +39,7 @@ import sys
 import tomllib
 import types
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ __all__ = [
     "knob_variant",
     "load_hotpath",
     "read_build",
+    "resolve_build_arg",
     "resolve_knobs",
 ]
 
@@ -389,3 +391,33 @@ def knob_variant(
             f"{toml_path}: could not rewrite the knob defaults; write each default on its own line."
         )
     return dest
+
+
+def resolve_build_arg(arg: str, flag: str, open_store: Callable[[], Any], cache: Path) -> Path:
+    """The build directory a command-line argument names, for every command that takes one.
+
+    ``arg`` is ``reference``, a build id (fetched through ``open_store()`` into ``cache`` and
+    hash-verified by the store) or a build directory (its ``build.toml`` is read). Anything else
+    is a ``UsageError`` naming ``flag``.
+    """
+    from polymorph.errors import StoreError, UsageError
+    from polymorph.store import check_build_id
+
+    if arg == "reference":
+        return REFERENCE_BUILD
+    if arg.startswith("sha256:"):
+        try:
+            check_build_id(arg)
+            return Path(open_store().get_build(arg, cache))
+        except (StoreError, ValueError) as exc:
+            raise UsageError(f"{flag} {arg}: {exc}.") from None
+    path = Path(arg)
+    if not path.is_dir():
+        raise UsageError(
+            f"{flag} must be 'reference', a build id sha256:<64 hex> or a build directory; got {arg!r}."
+        )
+    try:
+        read_build(path)
+    except BuildError as exc:
+        raise UsageError(f"{flag} {arg}: {exc}") from None
+    return path

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from polymorph.errors import BuildError, StoreError, UsageError
+from polymorph.errors import UsageError
 
 __all__ = ["configure", "run"]
 
@@ -164,25 +164,9 @@ def profile_of(workload: Any) -> Any:
 
 def resolve_base_build(base: str, store: Any, cache: Path) -> tuple[Path, str]:
     """``(directory, name)`` of ``--base-build``: reference, a stored build id, or a directory."""
-    from polymorph_engine.buildspec import REFERENCE_BUILD, read_build
+    from polymorph_engine.buildspec import resolve_build_arg
 
-    if base == "reference":
-        return REFERENCE_BUILD, "reference"
-    if base.startswith("sha256:"):
-        try:
-            return store.get_build(base, cache), base
-        except StoreError as exc:
-            raise UsageError(f"--base-build {base}: {exc}") from None
-    path = Path(base)
-    if not path.is_dir():
-        raise UsageError(
-            f"--base-build must be 'reference', a build id sha256:<hex> or a build directory; got {base!r}"
-        )
-    try:
-        read_build(path)
-    except BuildError as exc:
-        raise UsageError(f"--base-build {base}: {exc}") from None
-    return path, str(path)
+    return resolve_build_arg(base, "--base-build", lambda: store, cache), base
 
 
 def run(args: argparse.Namespace) -> int:

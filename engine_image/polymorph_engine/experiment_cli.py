@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polymorph.errors import BuildError, StoreError, UsageError
+from polymorph.errors import BuildError, UsageError
 
 if TYPE_CHECKING:
     from polymorph.api import ExperimentRecord
@@ -120,28 +120,10 @@ def _model(source: str) -> str:
 
 
 def _resolve_build(arg: str, store_uri: str | None, cache: Path) -> Path:
-    from polymorph_engine.buildspec import REFERENCE_BUILD, read_build
+    from polymorph.store import open_store
+    from polymorph_engine.buildspec import resolve_build_arg
 
-    if arg == "reference":
-        return REFERENCE_BUILD
-    if arg.startswith("sha256:"):
-        from polymorph.store import check_build_id, open_store
-
-        try:
-            check_build_id(arg)
-            return open_store(store_uri).get_build(arg, cache)
-        except (StoreError, ValueError) as exc:
-            raise UsageError(f"--build {arg}: {exc}") from None
-    path = Path(arg)
-    if not path.is_dir():
-        raise UsageError(
-            f"--build {arg!r} is neither a directory, 'reference', nor a build id sha256:<64 hex>."
-        )
-    try:
-        read_build(path)
-    except BuildError as exc:
-        raise UsageError(f"--build {arg}: {exc}") from None
-    return path
+    return resolve_build_arg(arg, "--build", lambda: open_store(store_uri), cache)
 
 
 @contextmanager

@@ -186,23 +186,11 @@ def _open_store(uri: str | None) -> Any:
 
 def _resolve_build(arg: str, store: Any, cache: Path) -> tuple[Path, str]:
     """The build directory to serve and its id; store builds are fetched and hash-verified."""
-    from polymorph.store import build_id, check_build_id
-    from polymorph_engine.buildspec import REFERENCE_BUILD
+    from polymorph.store import build_id
+    from polymorph_engine.buildspec import resolve_build_arg
 
-    try:
-        if arg == "reference":
-            return REFERENCE_BUILD, build_id(REFERENCE_BUILD)
-        if arg.startswith("sha256:"):
-            check_build_id(arg)
-            return store.get_build(arg, cache), arg
-    except StoreError as exc:
-        raise UsageError(f"--build {arg}: {exc}.") from None
-    path = Path(arg)
-    if not (path / "build.toml").is_file():
-        raise UsageError(
-            f"--build {arg!r} is neither a build directory (with build.toml), 'reference', nor sha256:<64 hex>."
-        )
-    return path, build_id(path)
+    path = resolve_build_arg(arg, "--build", lambda: store, cache)
+    return path, arg if arg.startswith("sha256:") else build_id(path)
 
 
 class _TraceFlusher:

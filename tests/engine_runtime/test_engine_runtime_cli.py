@@ -92,7 +92,10 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--build", "reference", "--repeats", "0"], "--repeats must be >= 1"),
         (["--build", "reference", "--threads", "0"], "--threads must be >= 1"),
         (["--build", "sha256:xyz"], "is not a build id"),
-        (["--build", "no/such/dir"], "is neither a directory, 'reference', nor a build id"),
+        (
+            ["--build", "no/such/dir"],
+            "--build must be 'reference', a build id sha256:<64 hex> or a build directory",
+        ),
     ],
 )
 def test_bad_flags_are_one_sentence(
