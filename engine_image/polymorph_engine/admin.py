@@ -40,7 +40,8 @@ from typing import Any, Protocol
 
 from polymorph.api import ExperimentRecord
 from polymorph.errors import StoreError, UsageError
-from polymorph_engine.server import EngineHTTPServer, RequestError, make_server
+from polymorph_engine.openai_api import RequestError
+from polymorph_engine.server import EngineHTTPServer, make_server
 
 __all__ = ["RemoteRunner", "SandboxAdmin", "serve_admin"]
 

@@ -1,22 +1,11 @@
 """A compile campaign: an agent proposes builds, a runner measures them, a ledger remembers them.
 
 The functional core (``objective_value``, ``violations``, ``compare``, ``select_result``,
-``counts``, ``budget_share``) is pure and works on records. ``Campaign`` is the shell: it
-runs the baseline, hands the agent a ``CampaignContext``, appends every experiment to the
-ledger, keeps the progress document current, stores each eligible candidate build with its
-manifest, confirms the winner and finally writes ``result.json``.
-
-The winning rule, noise-aware. Let ``v`` and ``b`` be the candidate's and the baseline's
-objective values and ``nv``, ``nb`` their relative noise (``Figures.noise``: (max - min) /
-median over benchmark repeats). A candidate wins when, for maximised metrics (tok/s),
-``v * (1 - nv) > b * (1 + nb) * minSpeedup``, and for minimised metrics (latency),
-``v * (1 + nv) * minSpeedup < b * (1 - nb)``: it must still be ``minSpeedup`` times better
-when both measurements sit at the unfavourable edge of their spread. It must also have
-passed verification and honour every objective constraint. ``Figures.noise`` is measured on
-output tok/s; for the other objective metrics it stands in as their relative spread. Among
-winners the highest speedup is the result; otherwise the result is an explicit "no
-improvement". ``speedup`` is ``v / b`` (maximised) or ``b / v`` (minimised), reported with
-``speedupNoise = nv + nb``.
+``counts``, ``budget_share``) lives in ``polymorph_engine.selection``, which also states the
+noise-aware winning rule. ``Campaign`` is the shell: it runs the baseline, hands the agent a
+``CampaignContext``, appends every experiment to the ledger, keeps the progress document
+current, stores each eligible candidate build with its manifest, confirms the winner and
+finally writes ``result.json``.
 
 Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbox ``i`` of
 ``n`` may run its share (``budget_share``). The deadline counts campaign time across runs
@@ -48,193 +37,36 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from polymorph.api import Budget, BuildManifest, ExperimentRecord, Figures, Gates, Objective, WorkloadProfile
+from polymorph.api import Budget, BuildManifest, ExperimentRecord, Gates, Objective, WorkloadProfile
 from polymorph.api.build import TokenUsage
-from polymorph.api.common import Constraint, parse_duration
+from polymorph.api.common import parse_duration
 from polymorph.errors import BuildError
 from polymorph.store import Store, build_archive_key, build_id
 from polymorph_engine.agents.base import Agent, AgentError, BudgetExhausted, Comparison, StopReason
 from polymorph_engine.ledger import CampaignPaths, Ledger
+from polymorph_engine.selection import (
+    budget_share,
+    compare,
+    counts,
+    eligible,
+    objective_value,
+    select_result,
+    summary,
+)
 
-__all__ = [
-    "Campaign",
-    "CampaignOutcome",
-    "CampaignSettings",
-    "Runner",
-    "budget_share",
-    "compare",
-    "counts",
-    "objective_value",
-    "select_result",
-    "violations",
-]
-
-_OBJECTIVE_FIELD = {
-    "outputTokensPerSecond": "outputTokensPerSecond",
-    "totalTokensPerSecond": "totalTokensPerSecond",
-    "ttftP95": "ttftP95Ms",
-    "itlP95": "itlP95Ms",
-}
+__all__ = ["Campaign", "CampaignOutcome", "CampaignSettings", "Runner"]
 
 
 class Runner(Protocol):
     """Anything that runs one build through verification and benchmark (``ExperimentRunner``)."""
 
     def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord: ...
-
-
-# ---------------------------------------------------------------------------------------------
-# Functional core
-# ---------------------------------------------------------------------------------------------
-
-
-def objective_value(figures: Figures, objective: Objective) -> float:
-    """The figure the objective optimises (tok/s, or a p95 latency in ms)."""
-    return float(getattr(figures, _OBJECTIVE_FIELD[objective.metric]))
-
-
-def violations(figures: Figures, constraints: Iterable[Constraint]) -> list[str]:
-    """One line per objective constraint ``figures`` breaks (empty when all hold)."""
-    broken = []
-    for c in constraints:
-        value = float(getattr(figures, c.metric))
-        if c.max is not None and value > c.max:
-            broken.append(f"{c.metric} {value:.3g} > max {c.max:g}")
-        if c.min is not None and value < c.min:
-            broken.append(f"{c.metric} {value:.3g} < min {c.min:g}")
-    return broken
-
-
-def compare(
-    candidate: Figures, baseline: Figures, objective: Objective, min_speedup: float = 1.0
-) -> Comparison:
-    """Candidate versus baseline on the objective; ``significant`` applies the module's winning rule."""
-    v, b = objective_value(candidate, objective), objective_value(baseline, objective)
-    nv, nb = candidate.noise, baseline.noise
-    if v <= 0 or b <= 0:
-        return Comparison(v, b, 0.0, nv + nb, False)
-    if objective.maximize:
-        speedup = v / b
-        significant = v * (1 - nv) > b * (1 + nb) * min_speedup
-    else:
-        speedup = b / v
-        significant = v * (1 + nv) * min_speedup < b * (1 - nb)
-    return Comparison(v, b, speedup, nv + nb, significant)
-
-
-def eligible(record: ExperimentRecord, objective: Objective) -> bool:
-    """Passed, has figures and honours every constraint."""
-    return (
-        record.status == "passed"
-        and record.figures is not None
-        and not violations(record.figures, objective.constraints)
-    )
-
-
-def counts(records: Iterable[ExperimentRecord]) -> dict[str, int]:
-    """Experiments by status, plus ``total``."""
-    by_status = Counter(r.status for r in records)
-    out = {s: by_status.get(s, 0) for s in ("passed", "rejected", "failed", "crashed", "timeout")}
-    out["total"] = sum(by_status.values())
-    return out
-
-
-def budget_share(max_experiments: int, sandboxes: int, sandbox: int) -> int:
-    """Sandbox ``sandbox``'s share of the campaign's experiments (shares differ by at most one)."""
-    return max_experiments // sandboxes + (1 if sandbox < max_experiments % sandboxes else 0)
-
-
-def _summary(record: ExperimentRecord, objective: Objective) -> dict[str, Any]:
-    assert record.figures is not None
-    return {
-        "build": record.build,
-        "value": objective_value(record.figures, objective),
-        "noise": record.figures.noise,
-        "sandbox": record.sandbox,
-        "figures": record.figures.model_dump(mode="json"),
-    }
-
-
-def select_result(
-    ledgers: dict[int, list[ExperimentRecord]], base_build: str, objective: Objective, gates: Gates
-) -> dict[str, Any]:
-    """The campaign's result from the ledgers of all its sandboxes (a JSON-ready document).
-
-    ``state`` is ``improved`` (``best`` set), ``noImprovement`` (``best`` null; ``bestCandidate``
-    names the closest miss) or ``noBaseline`` (no sandbox's baseline passed).
-    """
-    all_records = [r for records in ledgers.values() for r in records]
-    doc: dict[str, Any] = {
-        "objective": objective.model_dump(mode="json"),
-        "minSpeedup": gates.minSpeedup,
-        "baseBuild": base_build,
-        "experiments": counts(all_records),
-        "baseline": None,
-        "best": None,
-        "bestCandidate": None,
-    }
-    baselines = {
-        sandbox: next((r for r in records if r.build == base_build and eligible(r, objective)), None)
-        for sandbox, records in ledgers.items()
-    }
-    if not any(baselines.values()):
-        doc["state"] = "noBaseline"
-        doc["message"] = (
-            "the base build did not pass verification and benchmark, so nothing could be compared"
-        )
-        return doc
-    scored: list[tuple[Comparison, ExperimentRecord, ExperimentRecord]] = []
-    for sandbox, records in ledgers.items():
-        base = baselines[sandbox]
-        if base is None or base.figures is None:
-            continue
-        for r in records:
-            if r.build != base_build and eligible(r, objective) and r.figures is not None:
-                scored.append((compare(r.figures, base.figures, objective, gates.minSpeedup), r, base))
-    first_base = next(b for b in baselines.values() if b is not None)
-    doc["baseline"] = _summary(first_base, objective)
-    winners = [s for s in scored if s[0].significant]
-    if winners:
-        cmp, rec, base = max(winners, key=lambda s: s[0].speedup)
-        doc["state"] = "improved"
-        doc["baseline"] = _summary(base, objective)
-        doc["best"] = _summary(rec, objective) | {
-            "speedup": cmp.speedup,
-            "speedupNoise": cmp.noise,
-            "knobs": rec.knobs,
-        }
-        doc["message"] = (
-            f"{rec.build} is {cmp.speedup:.2f}x the baseline on {objective.metric} "
-            f"(±{cmp.noise * 100:.0f}% noise, gate {gates.minSpeedup:g}x)"
-        )
-        return doc
-    doc["state"] = "noImprovement"
-    if scored:
-        cmp, rec, _ = max(scored, key=lambda s: s[0].speedup)
-        doc["bestCandidate"] = _summary(rec, objective) | {
-            "speedup": cmp.speedup,
-            "speedupNoise": cmp.noise,
-            "knobs": rec.knobs,
-        }
-        doc["message"] = (
-            f"no improvement: the best candidate reached {cmp.speedup:.2f}x ±{cmp.noise * 100:.0f}%, "
-            f"not beyond noise and the {gates.minSpeedup:g}x gate"
-        )
-    else:
-        doc["message"] = "no improvement: no candidate passed verification, benchmark and constraints"
-    return doc
-
-
-# ---------------------------------------------------------------------------------------------
-# Shell
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -517,7 +349,7 @@ class Campaign:
             "stopReason": self.stop_reason,
             "message": self.message,
             "counts": counts(self.ledger.records),
-            "baseline": _summary(base, objective) if base is not None and self.eligible(base) else None,
+            "baseline": summary(base, objective) if base is not None and self.eligible(base) else None,
             "best": None,
             "startedAt": self.started_at,
             "updatedAt": _now(),
@@ -533,7 +365,7 @@ class Campaign:
         }
         if best is not None and base is not None and best.figures is not None and base.figures is not None:
             cmp = compare(best.figures, base.figures, objective, self.settings.gates.minSpeedup)
-            doc["best"] = _summary(best, objective) | {
+            doc["best"] = summary(best, objective) | {
                 "speedup": cmp.speedup,
                 "speedupNoise": cmp.noise,
                 "significant": cmp.significant,

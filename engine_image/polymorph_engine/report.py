@@ -17,8 +17,9 @@ from typing import Any, TextIO
 
 from polymorph.api import ExperimentRecord, Objective
 from polymorph.store import Store
-from polymorph_engine.campaign import CampaignOutcome, objective_value
+from polymorph_engine.campaign import CampaignOutcome
 from polymorph_engine.ledger import CampaignPaths
+from polymorph_engine.selection import objective_value
 
 __all__ = ["Display", "experiments_per_hour", "final_json", "overhead", "render_report"]
 

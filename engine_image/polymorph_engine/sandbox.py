@@ -227,9 +227,10 @@ def run_agent(args: argparse.Namespace) -> int:
     from polymorph.store import open_store
     from polymorph_engine.admin import RemoteRunner
     from polymorph_engine.buildspec import REFERENCE_BUILD
-    from polymorph_engine.campaign import Campaign, CampaignSettings, budget_share
+    from polymorph_engine.campaign import Campaign, CampaignSettings
     from polymorph_engine.ledger import CampaignPaths, config_uid
     from polymorph_engine.report import Display
+    from polymorph_engine.selection import budget_share
 
     spec, meta = read_compilejob(args.spec)
     name = args.name or meta.get("name")

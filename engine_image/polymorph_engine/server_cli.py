@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     from polymorph_engine.buildspec import load_hotpath
     from polymorph_engine.metrics import ServerMetrics
     from polymorph_engine.model import load_model
-    from polymorph_engine.server import CompletionService, make_server
+    from polymorph_engine.server import make_server
+    from polymorph_engine.service import CompletionService
     from polymorph_engine.trace import TraceSampler
 
     store = _open_store(args.store) if args.store or args.build.startswith("sha256:") else None

@@ -19,8 +19,9 @@ from polymorph.store import open_store
 from polymorph_engine.agents.base import BudgetExhausted
 from polymorph_engine.agents.search import SearchAgent, config_key, neighbours, owner, sweep
 from polymorph_engine.buildspec import read_build
-from polymorph_engine.campaign import Campaign, CampaignSettings, budget_share, compare, select_result
+from polymorph_engine.campaign import Campaign, CampaignSettings
 from polymorph_engine.ledger import CampaignPaths, config_uid
+from polymorph_engine.selection import budget_share, compare, select_result
 
 PROFILE = WorkloadProfile(
     inputTokens=Histogram(bounds=[16], counts=[1]),

@@ -20,7 +20,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from polymorph_engine.metrics import ServerMetrics
-from polymorph_engine.server import CompletionService, EngineHTTPServer, make_server
+from polymorph_engine.server import EngineHTTPServer, make_server
+from polymorph_engine.service import CompletionService
 from polymorph_engine.tokenizer import ByteTokenizer
 from polymorph_engine.trace import TraceSampler
 

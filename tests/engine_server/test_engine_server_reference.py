@@ -17,7 +17,8 @@ from polymorph.store import build_id
 from polymorph_engine.buildspec import REFERENCE_BUILD, load_hotpath
 from polymorph_engine.metrics import ServerMetrics
 from polymorph_engine.model import LoadedModel, forward, load_model
-from polymorph_engine.server import CompletionService, EngineHTTPServer, make_server
+from polymorph_engine.server import EngineHTTPServer, make_server
+from polymorph_engine.service import CompletionService
 
 MODEL = "qwen2-tiny"  # its greedy continuations vary token to token
 
