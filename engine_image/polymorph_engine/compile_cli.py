@@ -74,6 +74,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="measured benchmark passes per experiment (default 5)"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads in the engine worker (default: 1 with --device cpu, where one thread keeps a "
+        "small model's timings steady on a shared machine; torch's default otherwise)",
+    )
     parser.add_argument("--claude-model", default="claude-sonnet-4-5", help="Claude model for --agent claude")
     parser.add_argument(
         "--api-key-file", metavar="FILE", help="file holding the Anthropic API key (else $ANTHROPIC_API_KEY)"
@@ -97,6 +103,8 @@ def _checked(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--min-speedup must be >= 1; got {args.min_speedup}")
     if args.repeats < 2:
         raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be a positive integer; got {args.threads}")
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be a positive integer; got {args.max_tokens}")
     if (
@@ -162,6 +170,13 @@ def profile_of(workload: Any) -> Any:
     )
 
 
+CAMPAIGN_CPU_SCALE = {"max_requests": 16, "max_input": 64, "max_output": 32, "max_concurrency": 4}
+"""Caps for a campaign's workload on CPU. Passes are several times longer than the hot-vs-cold
+benchmark's (``experiment.DEVICE_SCALE``), so a scheduling hiccup on a shared machine is a small
+fraction of a pass and a real speedup stands out of the noise; an experiment still takes well
+under a second on ``tiny``."""
+
+
 def resolve_base_build(base: str, store: Any, cache: Path) -> tuple[Path, str]:
     """``(directory, name)`` of ``--base-build``: reference, a stored build id, or a directory."""
     from polymorph_engine.buildspec import resolve_build_arg
@@ -178,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
     checked = _checked(args)
     store = open_store(args.store)
     workload, profile = load_campaign_workload(args.workload)
+    if args.device == "cpu":
+        from polymorph_engine.workload import fit_workload
+
+        workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
     agent: Any
     if args.agent == "claude":
         from polymorph_engine.agents.claude import ClaudeAgent, resolve_api_key
@@ -238,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
             gates=checked["gates"],
             experiment_timeout=parse_duration(args.experiment_timeout),
             settings=BenchSettings(repeats=args.repeats),
+            fit=args.device != "cpu",  # CPU workloads were fitted above, with CAMPAIGN_CPU_SCALE
+            threads=args.threads if args.threads is not None else (1 if args.device == "cpu" else None),
         )
         try:
             with supervisor, display:
