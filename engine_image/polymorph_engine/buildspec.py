@@ -69,7 +69,7 @@ REFERENCE_BUILD: Path = Path(__file__).resolve().parent / "builds" / "reference"
 
 KnobValue = str | bool | int | float
 _BUILD_KEYS = {"name", "parent", "entry", "description", "notes"}
-_KNOB_KEYS = {"choices", "default", "description"}
+_KNOB_KEYS = {"choices", "default", "description", "requires"}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _import_counter = itertools.count(1)
 
@@ -81,6 +81,9 @@ class Knob:
     choices: tuple[KnobValue, ...]
     default: KnobValue
     description: str = ""
+    requires: dict[str, KnobValue] = field(default_factory=dict)
+    """Other knobs' values without which this knob's non-default values change nothing
+    (``decode_capture`` needs ``kv_cache = "static"``). A search applies them together."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,17 @@ def read_build(dir: Path) -> BuildSpec:
     knobs: dict[str, Knob] = {}
     for kname, kdoc in knobs_doc.items():
         knobs[kname] = _read_knob(where, kname, kdoc)
+    for kname, knob in knobs.items():
+        for other, value in knob.requires.items():
+            if other == kname or other not in knobs:
+                raise BuildError(
+                    f"{where}: knobs.{kname}.requires names {other!r}, which is not another knob."
+                )
+            if not any(_same(value, c) for c in knobs[other].choices):
+                allowed = ", ".join(format_knob_value(c) for c in knobs[other].choices)
+                raise BuildError(
+                    f"{where}: knobs.{kname}.requires.{other} must be one of {allowed}; got {value!r}."
+                )
     return BuildSpec(
         name=name,
         dir=dir,
@@ -182,7 +196,7 @@ def _read_knob(where: str, name: str, doc: Any) -> Knob:
     unknown = sorted(set(doc) - _KNOB_KEYS)
     if unknown:
         raise BuildError(
-            f"{where}: unknown field {path}.{unknown[0]}; allowed are choices, default, description."
+            f"{where}: unknown field {path}.{unknown[0]}; allowed are choices, default, description, requires."
         )
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -204,7 +218,12 @@ def _read_knob(where: str, name: str, doc: Any) -> Knob:
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise BuildError(f"{where}: {path}.description must be a string.")
-    return Knob(tuple(choices), default, description)
+    requires = doc.get("requires", {})
+    if not isinstance(requires, dict) or not all(_is_knob_value(v) for v in requires.values()):
+        raise BuildError(
+            f'{where}: {path}.requires must be a table of knob = value, like {{ kv_cache = "static" }}.'
+        )
+    return Knob(tuple(choices), default, description, dict(requires))
 
 
 def _coerce(knob: Knob, value: Any) -> KnobValue | None:

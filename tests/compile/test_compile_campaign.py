@@ -17,7 +17,14 @@ from polymorph.api import Budget, ExperimentRecord, Figures, Gates, Objective, V
 from polymorph.api.common import Constraint, Histogram, WorkloadProfile
 from polymorph.store import open_store
 from polymorph_engine.agents.base import BudgetExhausted
-from polymorph_engine.agents.search import SearchAgent, config_key, neighbours, owner, sweep
+from polymorph_engine.agents.search import (
+    SearchAgent,
+    config_key,
+    neighbours,
+    owner,
+    sweep,
+    with_requirements,
+)
 from polymorph_engine.buildspec import read_build
 from polymorph_engine.campaign import Campaign, CampaignSettings
 from polymorph_engine.ledger import CampaignPaths, config_uid
@@ -257,3 +264,72 @@ def test_no_improvement_is_explicit() -> None:
 
 def test_budget_exhausted_carries_its_reason() -> None:
     assert BudgetExhausted("deadline", "late").reason == "deadline"
+
+
+INTERACTING = """\
+[build]
+name = "interacting"
+
+[knobs.cache]
+choices = ["concat", "static"]
+default = "concat"
+
+[knobs.capture]
+choices = ["none", "graph"]
+default = "none"
+requires = { cache = "static" }
+"""
+
+
+class InteractionRunner:
+    """``capture = graph`` is 3x faster, but only together with ``cache = static``; a static cache
+    alone is slightly slower, so a one-knob-at-a-time sweep without ``requires`` finds nothing."""
+
+    def __init__(self) -> None:
+        self.ran: list[dict[str, Any]] = []
+
+    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+        knobs = read_build(build_dir).defaults()
+        self.ran.append(knobs)
+        tps = 100.0 * (0.95 if knobs["cache"] == "static" else 1.0)
+        if knobs["capture"] == "graph" and knobs["cache"] == "static":
+            tps *= 3.0
+        ver = Verification(tokenAgreement=1.0, logitError=0.0, finite=True, passed=True)
+        return ExperimentRecord(
+            build="x", status="passed", verification=ver, figures=figures(tps), knobs=knobs
+        )
+
+
+def test_search_applies_what_a_knob_requires(tmp_path: Path) -> None:
+    d = tmp_path / "interacting"
+    d.mkdir()
+    (d / "build.toml").write_text(INTERACTING)
+    (d / "hotpath.py").write_text("def load(model, knobs):\n    raise NotImplementedError\n")
+    runner = InteractionRunner()
+    out = Campaign(settings(d), open_store(str(tmp_path / "store")), runner).run(SearchAgent())
+    assert {"cache": "concat", "capture": "graph"} not in runner.ran, "a no-op configuration was run"
+    assert out.result["state"] == "improved"
+    assert out.result["best"]["knobs"] == {"cache": "static", "capture": "graph"}
+    keys = [config_key(k) for k in runner.ran]
+    assert len(keys) == len(set(keys)), "an experiment ran twice"
+
+
+def test_requirements_complete_sweeps_and_neighbours() -> None:
+    defaults = {"cache": "concat", "capture": "none"}
+    choices = {"cache": ["concat", "static"], "capture": ["none", "graph"]}
+    requires = {"capture": {"cache": "static"}}
+    assert with_requirements({"cache": "concat", "capture": "graph"}, requires, defaults) == {
+        "cache": "static",
+        "capture": "graph",
+    }
+    assert with_requirements(defaults, requires, defaults) == defaults
+    assert sweep(defaults, choices, requires) == [
+        {"cache": "static", "capture": "none"},
+        {"cache": "static", "capture": "graph"},
+    ]
+    # Moving the cache back to concat under a graph capture is not a real neighbour: it closes to itself.
+    current = {"cache": "static", "capture": "graph"}
+    assert neighbours(current, choices, requires, defaults) == [
+        current,
+        {"cache": "static", "capture": "none"},
+    ]

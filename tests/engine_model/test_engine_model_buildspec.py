@@ -86,6 +86,7 @@ def test_reference_build_declares_the_search_space() -> None:
         "sampling": "host",
     }
     assert spec.knobs["decode_capture"].choices == ("none", "cuda_graph", "compile")
+    assert spec.knobs["decode_capture"].requires == {"kv_cache": "static"}
     assert all(k.description for k in spec.knobs.values())
 
 
@@ -116,6 +117,16 @@ def test_read_build_parses_every_field(tmp_path: Path) -> None:
         ('[build]\nname = "x"\n[knobs.k]\nchoices = [[1]]\ndefault = 1\n', "knobs.k.choices"),
         ('[build]\nname = "x"\n[knobs.k]\nchoices = [1]\ndefault = 1\nmax = 2\n', "knobs.k.max"),
         ('[build]\nname = "x"\n[knobs."bad-name"]\nchoices = [1]\ndefault = 1\n', "bad-name"),
+        (
+            '[build]\nname = "x"\n[knobs.k]\nchoices = [1]\ndefault = 1\nrequires = { j = 1 }\n',
+            "knobs.k.requires",
+        ),
+        (
+            '[build]\nname = "x"\n[knobs.j]\nchoices = [1]\ndefault = 1\n'
+            "[knobs.k]\nchoices = [1]\ndefault = 1\nrequires = { j = 2 }\n",
+            "knobs.k.requires.j",
+        ),
+        ('[build]\nname = "x"\n[knobs.k]\nchoices = [1]\ndefault = 1\nrequires = [1]\n', "knobs.k.requires"),
     ],
 )
 def test_bad_build_toml_is_one_sentence_naming_file_and_field(tmp_path: Path, toml: str, expect: str) -> None:

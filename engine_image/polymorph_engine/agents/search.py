@@ -11,7 +11,11 @@ Plan (pure functions below, the agent only walks it):
    (one step along its declared list), move to the first that beats it *beyond noise*
    (so refinement never chases noise), and repeat until a full pass finds nothing.
 
-A configuration is a full assignment ``{knob: value}``; its key is its canonical JSON.
+A configuration is a full assignment ``{knob: value}``; its key is its canonical JSON. Every
+configuration the plan makes is completed with what its knobs ``require`` (build.toml: a knob
+whose non-default values change nothing without another knob's value, such as
+``decode_capture`` without ``kv_cache = "static"``), so interacting knobs are tried together
+rather than each alone as a no-op.
 The agent never runs a key twice. Sandbox ``i`` of ``n`` owns the configurations whose
 key hashes (sha256) to ``i`` mod ``n``, and runs only those (plus the shared baseline),
 so sandboxes explore disjoint shares. Combinations and refinements a sandbox does not own
@@ -34,7 +38,7 @@ from typing import Any
 from polymorph.api import ExperimentRecord
 from polymorph_engine.agents.base import CampaignContext
 
-__all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep"]
+__all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep", "with_requirements"]
 
 Config = dict[str, Any]
 
@@ -50,18 +54,45 @@ def owner(config: Config, sandboxes: int) -> int:
     return int(digest[:12], 16) % sandboxes
 
 
-def sweep(defaults: Config, choices: Mapping[str, Sequence[Any]]) -> list[Config]:
-    """Every configuration that differs from ``defaults`` in exactly one knob, knob by knob."""
+Requires = Mapping[str, Mapping[str, Any]]
+
+
+def with_requirements(config: Config, requires: Requires, defaults: Config) -> Config:
+    """``config`` plus the values that its non-default knobs require, until nothing changes."""
+    out = dict(config)
+    for _ in range(len(out) + 1):
+        extra = {
+            other: value
+            for name, needs in requires.items()
+            if out.get(name) != defaults.get(name)
+            for other, value in needs.items()
+            if out.get(other) != value
+        }
+        if not extra:
+            break
+        out |= extra
+    return out
+
+
+def sweep(
+    defaults: Config, choices: Mapping[str, Sequence[Any]], requires: Requires | None = None
+) -> list[Config]:
+    """Every configuration that differs from ``defaults`` in one knob (plus what it requires)."""
     out = []
     for name in sorted(choices):
         for value in choices[name]:
             if value != defaults[name]:
-                out.append(defaults | {name: value})
+                out.append(with_requirements(defaults | {name: value}, requires or {}, defaults))
     return out
 
 
-def neighbours(config: Config, choices: Mapping[str, Sequence[Any]]) -> list[Config]:
-    """Configurations one step away along one knob's declared list of choices."""
+def neighbours(
+    config: Config,
+    choices: Mapping[str, Sequence[Any]],
+    requires: Requires | None = None,
+    defaults: Config | None = None,
+) -> list[Config]:
+    """Configurations one step away along one knob's declared list (plus what they require)."""
     out = []
     for name in sorted(choices):
         values = list(choices[name])
@@ -70,7 +101,8 @@ def neighbours(config: Config, choices: Mapping[str, Sequence[Any]]) -> list[Con
         i = values.index(config[name])
         for j in (i - 1, i + 1):
             if 0 <= j < len(values):
-                out.append(config | {name: values[j]})
+                moved = config | {name: values[j]}
+                out.append(with_requirements(moved, requires or {}, defaults or config))
     return out
 
 
@@ -93,6 +125,7 @@ class SearchAgent:
         self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
         choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
         defaults: Config = {name: knob.default for name, knob in spec.knobs.items()}
+        requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
         if not choices:
             return "the base build declares no knobs, so there is nothing to search"
         self._defaults = defaults
@@ -102,7 +135,7 @@ class SearchAgent:
         # 2. Sweep one knob at a time; rank the changes that measured faster by their
         # noise-discounted speedup (speedup / (1 + noise)).
         singles: list[tuple[float, Config, ExperimentRecord]] = []
-        for config in sweep(defaults, choices):
+        for config in sweep(defaults, choices, requires):
             record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}")
             cmp = ctx.compare(record) if record is not None else None
             if record is not None and cmp is not None and cmp.speedup > 1:
@@ -130,7 +163,7 @@ class SearchAgent:
         improved = True
         while improved:
             improved = False
-            for candidate in neighbours(current, choices):
+            for candidate in neighbours(current, choices, requires, defaults):
                 cand_rec = self._attempt(ctx, candidate, f"refine: {_diff(defaults, candidate)}")
                 if cand_rec is not None and self._improves(ctx, cand_rec, current_rec):
                     current, current_rec = candidate, cand_rec
