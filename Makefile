@@ -2,22 +2,28 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: venv test lint typecheck unit demo e2e bench crds clean
 
-venv: $(STAMP)
+venv: $(DEV_STAMP)
 
+# Two install levels: what running Polymorph needs (make demo), and the test tooling on top.
 # .ci/constraints.txt pins every dependency to the versions CI last passed with: installs are
 # reproducible and pip's resolver has nothing to backtrack over.
-$(STAMP): pyproject.toml .ci/constraints.txt
+$(RUN_STAMP): pyproject.toml .ci/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch 2.13.0 is on local disk; ask for it first so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c .ci/constraints.txt -e '.[engine,agent]'
+	touch $(RUN_STAMP)
+
+$(DEV_STAMP): $(RUN_STAMP)
 	$(BIN)/pip install -q -c .ci/constraints.txt -e '.[engine,agent,dev]'
-	touch $(STAMP)
+	touch $(DEV_STAMP)
 
 lint: venv
 	$(BIN)/ruff check operator engine_image tests e2e bench
@@ -32,13 +38,13 @@ unit: venv
 test: lint typecheck unit
 	$(BIN)/polymorph crds --check
 
-demo: venv
+demo: $(RUN_STAMP)
 	$(BIN)/polymorph compile
 
 e2e: venv
 	$(BIN)/pytest -q e2e
 
-bench: venv
+bench: $(RUN_STAMP)
 	$(BIN)/python bench/hot_vs_cold.py --model tiny --json
 
 crds: venv
