@@ -121,6 +121,8 @@ def test_compile_serve_capture_and_recompile(tmp_path: Path) -> None:
             "e2e",
             "--trace-sample-rate",
             "1",
+            "--track",
+            "canary",
         ],
     )
     try:
@@ -145,6 +147,7 @@ def test_compile_serve_capture_and_recompile(tmp_path: Path) -> None:
         assert sum(s.value for s in requests if s.labels["status"] == "ok") == 7
         assert {s.labels["build"] for s in requests} == {build}
         assert {s.labels["model_deployment"] for s in requests} == {"chat"}
+        assert {s.labels["track"] for s in requests} == {"canary"}
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0

@@ -3,7 +3,8 @@
 Contract: ``ServerMetrics`` accumulates per-request observations (prompt and generation token
 counts, time to first token, inter-token latencies, outcome) and the number of requests in
 flight, and renders them in the Prometheus text format. Every series carries the labels
-``build`` (the id of the build serving when the request finished) and ``model_deployment``.
+``build`` (the id of the build serving when the request finished), ``model_deployment`` and
+``track`` (``stable`` or ``canary``: the rollout analysis compares the two).
 
 Exposed families (the operator's PromQL depends on these names):
 - histograms ``polymorph_prompt_tokens``, ``polymorph_generation_tokens``,
@@ -102,10 +103,11 @@ class _Series:
 class ServerMetrics:
     """Thread-safe accumulators plus a private ``CollectorRegistry`` that renders them."""
 
-    def __init__(self, build: str, model_deployment: str) -> None:
+    def __init__(self, build: str, model_deployment: str, track: str = "stable") -> None:
         self._lock = threading.Lock()
         self._build = build
         self.model_deployment = model_deployment
+        self.track = track
         self._series: dict[str, _Series] = {build: _Series()}
         self._in_flight = 0
         self._batch = HistogramData(BATCH_BUCKETS)
@@ -163,8 +165,8 @@ class ServerMetrics:
             in_flight = self._in_flight
             current = self._build
             batch = HistogramData(self._batch.bounds, list(self._batch.counts), self._batch.total)
-        md = self.model_deployment
-        labels = ["build", "model_deployment"]
+        md, tr = self.model_deployment, self.track
+        labels = ["build", "model_deployment", "track"]
         hists = [
             ("polymorph_prompt_tokens", "Prompt tokens per request.", "prompt"),
             ("polymorph_generation_tokens", "Generated tokens per request.", "generation"),
@@ -175,7 +177,7 @@ class ServerMetrics:
             fam = HistogramMetricFamily(name, doc, labels=labels)
             for build, series in snapshot.items():
                 h: HistogramData = getattr(series, attr)
-                fam.add_metric([build, md], h.cumulative(), h.total)
+                fam.add_metric([build, md, tr], h.cumulative(), h.total)
             yield fam
         requests = CounterMetricFamily(
             "polymorph_requests", "Finished completion requests by status.", labels=[*labels, "status"]
@@ -185,21 +187,21 @@ class ServerMetrics:
         )
         gen_total = CounterMetricFamily("polymorph_generation_tokens", "Tokens generated.", labels=labels)
         for build, series in snapshot.items():
-            requests.add_metric([build, md, "ok"], series.ok)
-            requests.add_metric([build, md, "error"], series.error)
-            requests.add_metric([build, md, "cancelled"], series.cancelled)
-            prompt_total.add_metric([build, md], series.prompt_total)
-            gen_total.add_metric([build, md], series.generation_total)
+            requests.add_metric([build, md, tr, "ok"], series.ok)
+            requests.add_metric([build, md, tr, "error"], series.error)
+            requests.add_metric([build, md, tr, "cancelled"], series.cancelled)
+            prompt_total.add_metric([build, md, tr], series.prompt_total)
+            gen_total.add_metric([build, md, tr], series.generation_total)
         yield requests
         yield prompt_total
         yield gen_total
         batch_fam = HistogramMetricFamily(
             "polymorph_decode_batch_size", "Requests decoded together in one engine step.", labels=labels
         )
-        batch_fam.add_metric([current, md], batch.cumulative(), batch.total)
+        batch_fam.add_metric([current, md, tr], batch.cumulative(), batch.total)
         yield batch_fam
         gauge = GaugeMetricFamily("polymorph_requests_in_flight", "Requests being served now.", labels=labels)
-        gauge.add_metric([current, md], in_flight)
+        gauge.add_metric([current, md, tr], in_flight)
         yield gauge
 
 

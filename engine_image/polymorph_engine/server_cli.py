@@ -65,6 +65,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="ModelDeployment name: a served model name and the model_deployment metric label",
     )
     serve.add_argument(
+        "--track",
+        default=os.environ.get("POLYMORPH_TRACK", "stable"),
+        help="stable or canary: the track metric label the rollout analysis compares (default $POLYMORPH_TRACK or stable)",
+    )
+    serve.add_argument(
         "--namespace",
         default=os.environ.get("POD_NAMESPACE", "default"),
         help="namespace for trace keys (default $POD_NAMESPACE or 'default')",
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_seq_len=max_seq_len,
         model_names=list(dict.fromkeys(names)),
-        metrics=ServerMetrics(build, args.model_deployment),
+        metrics=ServerMetrics(build, args.model_deployment, args.track),
         trace=sampler,
         device=str(model.device),
     )
@@ -162,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
 def _check_flags(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536 and args.port != 0:
         raise UsageError(f"--port must be from 1 to 65535, got {args.port}.")
+    if args.track not in ("stable", "canary"):
+        raise UsageError(f"--track must be stable or canary, got {args.track!r}.")
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}.")
     if args.max_seq_len is not None and args.max_seq_len < 2:

@@ -75,7 +75,9 @@ def test_serve_a_store_build_and_flush_the_trace_on_sigterm(tmp_path: Path) -> N
         ttft = [
             s for s in metrics["polymorph_time_to_first_token_seconds"].samples if s.name.endswith("_count")
         ]
-        assert [(s.labels, s.value) for s in ttft] == [({"build": build, "model_deployment": "chat"}, 2.0)]
+        assert [(s.labels, s.value) for s in ttft] == [
+            ({"build": build, "model_deployment": "chat", "track": "stable"}, 2.0)
+        ]
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -113,6 +115,7 @@ def test_a_tampered_store_build_is_refused(tmp_path: Path) -> None:
         (["--trace-sample-rate", "0.5"], "--store"),
         (["--max-batch", "0"], "--max-batch"),
         (["--port", "70000"], "--port"),
+        (["--track", "blue"], "--track must be stable or canary"),
         (["--build", "no/such/dir"], "--build"),
         (["--build", "sha256:1234", "--store", "s"], "--build"),
     ],

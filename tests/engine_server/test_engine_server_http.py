@@ -224,7 +224,7 @@ def test_metrics_histograms_carry_labels_and_counts(served: tuple[EngineHTTPServ
     r = httpx.get(f"{server.url}/metrics")
     assert r.status_code == 200
     fams = _families(r.text)
-    labels = {"build": BUILD, "model_deployment": "tiny-md"}
+    labels = {"build": BUILD, "model_deployment": "tiny-md", "track": "stable"}
 
     def sample(name: str, kind: str, suffix: str, **extra: str) -> float:
         want = {**labels, **extra}
