@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -324,3 +324,16 @@ class ObjectMeta(StrictModel):
     ownerReferences: list[OwnerReference] = Field(default_factory=list)
     managedFields: list[dict[str, Any]] = Field(default_factory=list)
     selfLink: str | None = None
+
+
+class ResourceModel(StrictModel):
+    """Base of a whole Polymorph object (apiVersion, kind, metadata, spec, status)."""
+
+    if TYPE_CHECKING:  # declared by each resource, so its field order stays apiVersion, kind, metadata
+        metadata: ObjectMeta
+
+    def manifest(self) -> dict[str, Any]:
+        """The object as a JSON-ready dict for the Kubernetes API, without unset optional fields."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        data["metadata"] = self.metadata.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+        return data

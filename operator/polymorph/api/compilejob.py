@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -24,6 +24,7 @@ from polymorph.api.common import (
     Gates,
     Objective,
     ObjectMeta,
+    ResourceModel,
     StatusModel,
     StrictModel,
     WorkloadProfile,
@@ -184,7 +185,7 @@ class CompileJobStatus(StatusModel):
     message: str | None = None
 
 
-class CompileJob(StrictModel):
+class CompileJob(ResourceModel):
     """A whole CompileJob object, as in a manifest or a Kubernetes API response."""
 
     model_config = ConfigDict(
@@ -212,12 +213,6 @@ class CompileJob(StrictModel):
                 f"must be at most 63 lowercase letters, digits or '-', as it names a Job (got {name!r})",
             )
         return self
-
-    def manifest(self) -> dict[str, Any]:
-        """The object as a JSON-ready dict for the Kubernetes API, without unset optional fields."""
-        data = self.model_dump(mode="json", exclude_none=True)
-        data["metadata"] = self.metadata.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-        return data
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -28,6 +28,7 @@ from polymorph.api.common import (
     Objective,
     ObjectMeta,
     Quantity,
+    ResourceModel,
     StatusModel,
     StrictModel,
     WorkloadProfile,
@@ -478,7 +479,7 @@ class ModelDeploymentStatus(StatusModel):
     history: list[RolloutRecord] = Field(default_factory=list)
 
 
-class ModelDeployment(StrictModel):
+class ModelDeployment(ResourceModel):
     """A whole ModelDeployment object, as in a manifest or a Kubernetes API response."""
 
     model_config = ConfigDict(
@@ -507,12 +508,6 @@ class ModelDeployment(StrictModel):
                 f"Service and the Deployment <name>-canary (got {name!r})",
             )
         return self
-
-    def manifest(self) -> dict[str, Any]:
-        """The object as a JSON-ready dict for the Kubernetes API, without unset optional fields."""
-        data = self.model_dump(mode="json", exclude_none=True)
-        data["metadata"] = self.metadata.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-        return data
 
 
 __all__ = [
