@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from polymorph_engine.model import LoadedModel, rope_cos_sin, rope_inv_freq
+from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin, rope_inv_freq
 
 from . import layers as L
 from .kvcache import ConcatCache, StaticCache
