@@ -32,8 +32,8 @@ from polymorph.api.common import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     DURATION_PATTERN,
-    FieldError,
 )
+from polymorph.api.rules import FieldError
 from polymorph.errors import UsageError
 
 Resource = ModelDeployment | CompileJob

@@ -19,7 +19,7 @@ from polymorph.api import (
     ThresholdRange,
     parse_duration,
 )
-from polymorph.api.common import FieldError
+from polymorph.api.rules import FieldError
 
 MINIMAL_MD: dict[str, Any] = {
     "apiVersion": "polymorph.dev/v1alpha1",
@@ -123,13 +123,16 @@ def test_rollout_weights_must_strictly_increase() -> None:
             ModelDeployment.model_validate(md_with(rollout={"steps": [{"weight": w} for w in steps]}))
 
 
-def test_increasing_rule_points_at_the_offending_step() -> None:
+def test_increasing_rule_points_at_the_steps() -> None:
     with pytest.raises(ValidationError) as info:
         ModelDeployment.model_validate(
             md_with(rollout={"steps": [{"weight": 10}, {"weight": 30}, {"weight": 20}]})
         )
-    cause = info.value.errors()[0]["ctx"]["error"]
-    assert isinstance(cause, FieldError) and cause.loc == ("steps", 2, "weight")
+    (error,) = info.value.errors()
+    cause = error["ctx"]["error"]
+    assert error["loc"] == ("spec", "rollout")
+    assert isinstance(cause, FieldError) and cause.loc == ("steps",)
+    assert str(cause) == "step weights must be strictly increasing, each step above the one before"
 
 
 def test_metric_needs_exactly_one_of_builtin_or_query() -> None:

@@ -3,7 +3,8 @@
 Owns: the strict base model (unknown fields are errors), durations, build ids, workload
 profiles, the CompileJob pieces (objective, gates, budget, agent) that a campaign needs, and
 the Kubernetes pieces every resource has (object metadata, status conditions).
-The CEL rules attached to models mirror their pydantic validators for the CRD schema.
+Every cross-field rule is a ``Rule`` in the model's ``RULES`` (see ``polymorph.api.rules``):
+StrictModel runs them as its validator and writes them into the schema as CEL.
 It knows nothing about any one resource as a whole; those live in the resource modules.
 """
 
@@ -13,7 +14,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from polymorph.api.rules import Rule, add_rules, cel_strictly_increasing, check_rules, strictly_increasing
+
 _DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 BUILD_ID_PATTERN = r"^(reference|sha256:[0-9a-f]{64})$"
@@ -35,39 +38,26 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 """A Kubernetes DNS-1123 subdomain: dot-separated DNS labels (the rule for object names)."""
 QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 _QUANTITY = re.compile(QUANTITY_PATTERN)
-
-
-def cel(rule: str, message: str) -> dict[str, str]:
-    """One ``x-kubernetes-validations`` entry: a CEL rule the API server checks, with its message.
-
-    Every cross-field rule a model enforces in a pydantic validator is mirrored here, so that
-    ``kubectl apply`` rejects the same manifests that ``polymorph validate`` does.
-    """
-    return {"rule": rule, "message": message}
-
-
-def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
-    """``json_schema_extra`` for a model whose CRD schema carries these CEL rules."""
-    return {"x-kubernetes-validations": list(rules)}
-
-
-class FieldError(ValueError):
-    """A cross-field rule broken at a known place inside the model, e.g. ``steps[1].weight``.
-
-    Raised from a model validator; pydantic reports it at the model's location and keeps the
-    exception, so ``polymorph.validate`` can point at ``loc`` beneath it. The message alone
-    still reads as a sentence where nobody looks at ``loc``.
-    """
-
-    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
+MAX_BUCKETS = 64
+"""The most buckets a token-length histogram may have."""
 
 
 class StrictModel(BaseModel):
-    """Base for every API model: unknown fields are errors, camelCase names as written."""
+    """Base for every API model: unknown fields are errors, camelCase names as written.
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=True)
+    ``RULES`` are the model's cross-field rules: checked after its fields validate, and put into
+    its JSON schema (hence the CRD) as ``x-kubernetes-validations``.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, validate_assignment=True, json_schema_extra=add_rules
+    )
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        check_rules(self, type(self).RULES)
+        return self
 
 
 def parse_duration(value: str) -> float:
@@ -126,33 +116,30 @@ Quantity = Annotated[
 class Histogram(StrictModel):
     """A histogram of token counts: ``counts[i]`` requests have length up to ``bounds[i]``."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("size(self.bounds) == size(self.counts)", "bounds and counts must have the same length"),
-            cel("self.bounds.isSorted()", "bounds must be increasing"),
-        )
+    RULES = (
+        Rule(
+            "size(self.bounds) == size(self.counts)",
+            "bounds and counts must have the same length",
+            lambda h: len(h.bounds) == len(h.counts),
+            field="counts",
+        ),
+        Rule(
+            cel_strictly_increasing("self.bounds"),
+            "bounds must be strictly increasing",
+            lambda h: strictly_increasing(h.bounds),
+            field="bounds",
+        ),
+        Rule(
+            "self.counts.exists(c, c > 0)",
+            "counts must not all be zero",
+            lambda h: any(c > 0 for c in h.counts),
+            field="counts",
+        ),
     )
 
-    bounds: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
-    counts: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> Histogram:
-        if len(self.bounds) != len(self.counts):
-            raise FieldError(
-                ("counts",),
-                f"bounds and counts must have the same length (bounds has {len(self.bounds)}, counts has {len(self.counts)})",
-            )
-        for i in range(1, len(self.bounds)):
-            if self.bounds[i] <= self.bounds[i - 1]:
-                raise FieldError(
-                    ("bounds", i),
-                    f"bounds must be strictly increasing; bounds[{i}] ({self.bounds[i]}) is not above "
-                    f"bounds[{i - 1}] ({self.bounds[i - 1]})",
-                )
-        if sum(self.counts) <= 0:
-            raise FieldError(("counts",), "counts must not all be zero")
-        return self
+    # maxItems bounds the CEL cost the API server estimates for the rules above.
+    bounds: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_BUCKETS)
+    counts: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=MAX_BUCKETS)
 
     def mean(self) -> float:
         """Mean length, taking each bucket at its upper bound."""
@@ -182,31 +169,30 @@ ConstraintMetric = Literal[
 class Constraint(StrictModel):
     """A bound a build must respect to win, e.g. ``{metric: itlP95Ms, max: 30}``."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("has(self.min) || has(self.max)", "a constraint needs min, max or both"),
-            cel("!has(self.min) || !has(self.max) || self.min <= self.max", "min must be <= max"),
-        )
+    RULES = (
+        Rule(
+            "has(self.min) || has(self.max)",
+            "a constraint needs min, max or both",
+            lambda c: c.min is not None or c.max is not None,
+        ),
+        Rule(
+            "!has(self.min) || !has(self.max) || self.min <= self.max",
+            "constraint min must be <= max",
+            lambda c: c.min is None or c.max is None or c.min <= c.max,
+            field="min",
+        ),
     )
 
     metric: ConstraintMetric
     min: float | None = None
     max: float | None = None
 
-    @model_validator(mode="after")
-    def _check(self) -> Constraint:
-        if self.min is None and self.max is None:
-            raise ValueError("a constraint needs min, max or both")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise FieldError(("min",), f"min ({self.min:g}) must be <= max ({self.max:g})")
-        return self
-
 
 class Objective(StrictModel):
     """What a campaign optimises. Throughput metrics are maximised, latency metrics minimised."""
 
     metric: ObjectiveMetric = "outputTokensPerSecond"
-    constraints: list[Constraint] = Field(default_factory=list)
+    constraints: list[Constraint] = Field(default_factory=list, max_length=16)
 
     @property
     def maximize(self) -> bool:
@@ -240,13 +226,13 @@ class SecretKeyRef(StrictModel):
 class AgentSpec(StrictModel):
     """Which agent drives the experiments. ``Claude`` needs ``apiKeySecretRef``."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "!has(self.kind) || self.kind != 'Claude' || has(self.apiKeySecretRef)",
-                "kind Claude requires apiKeySecretRef",
-            )
-        )
+    RULES = (
+        Rule(
+            "!has(self.kind) || self.kind != 'Claude' || has(self.apiKeySecretRef)",
+            "kind Claude requires apiKeySecretRef ({name, key} of the Secret holding the Anthropic API key)",
+            lambda a: a.kind != "Claude" or a.apiKeySecretRef is not None,
+            field="apiKeySecretRef",
+        ),
     )
 
     kind: Literal["Search", "Claude"] = "Search"
@@ -256,15 +242,6 @@ class AgentSpec(StrictModel):
     maxTokens: int = Field(
         default=2_000_000, gt=0, description="Token budget for the whole campaign (input + output)."
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> AgentSpec:
-        if self.kind == "Claude" and self.apiKeySecretRef is None:
-            raise FieldError(
-                ("apiKeySecretRef",),
-                "kind Claude requires apiKeySecretRef ({name, key} of the Secret holding the Anthropic API key)",
-            )
-        return self
 
 
 API_GROUP = "polymorph.dev"

@@ -12,15 +12,15 @@ import re
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from polymorph.api.common import (
+    DNS_LABEL_PATTERN,
     AgentSpec,
     Budget,
     BuildId,
     Condition,
     DnsLabel,
-    FieldError,
     Gates,
     Objective,
     ObjectMeta,
@@ -28,14 +28,14 @@ from polymorph.api.common import (
     StatusModel,
     StrictModel,
     WorkloadProfile,
-    cel,
-    cel_rules,
 )
 from polymorph.api.modeldeployment import HardwareSpec, ModelSource
+from polymorph.api.rules import Rule
 
 TRACE_URI_PATTERN = r"^(s3://[^/\s]+/\S+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/\S+|[^:\s][^:]*)$"
 """A captured trace: ``s3://bucket/key``, ``pvc://claim/path`` or a local path."""
 _TRACE_URI = re.compile(TRACE_URI_PATTERN)
+_DNS_LABEL = re.compile(DNS_LABEL_PATTERN)
 
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
@@ -50,12 +50,12 @@ class DeploymentRef(StrictModel):
 class WorkloadSpec(StrictModel):
     """The traffic to optimise for: a profile, or the uri of a captured trace."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "has(self.profile) != has(self.traceUri)", "workload needs exactly one of profile or traceUri"
-            ),
-        )
+    RULES = (
+        Rule(
+            "has(self.profile) != has(self.traceUri)",
+            "workload needs exactly one of profile or traceUri",
+            lambda w: (w.profile is None) != (w.traceUri is None),
+        ),
     )
 
     profile: WorkloadProfile | None = None
@@ -70,25 +70,35 @@ class WorkloadSpec(StrictModel):
             )
         return value
 
-    @model_validator(mode="after")
-    def _one_source(self) -> WorkloadSpec:
-        if (self.profile is None) == (self.traceUri is None):
-            raise ValueError("workload needs exactly one of profile or traceUri")
-        return self
-
 
 class CompileJobSpec(StrictModel):
     """What to compile, for which traffic, by which agent, and how much it may spend."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("has(self.model) == has(self.hardware)", "model and hardware go together"),
-            cel(
-                "has(self.deploymentRef) != has(self.model)",
-                "give exactly one of deploymentRef or model + hardware",
-            ),
-            cel("has(self.deploymentRef) || has(self.workload)", "a standalone CompileJob needs a workload"),
-        )
+    RULES = (
+        Rule(
+            "has(self.deploymentRef) != (has(self.model) || has(self.hardware))",
+            "give exactly one of deploymentRef or model + hardware",
+            lambda j: (j.deploymentRef is None) != (j.model is None and j.hardware is None),
+        ),
+        Rule(
+            "has(self.model) || !has(self.hardware)",
+            "model is required with hardware: a standalone CompileJob needs both model and hardware",
+            lambda j: j.model is not None or j.hardware is None,
+            field="model",
+        ),
+        Rule(
+            "has(self.hardware) || !has(self.model)",
+            "hardware is required with model: a standalone CompileJob needs both model and hardware",
+            lambda j: j.hardware is not None or j.model is None,
+            field="hardware",
+        ),
+        Rule(
+            "has(self.deploymentRef) || has(self.workload)",
+            "workload (a profile or a traceUri) is required for a standalone CompileJob; "
+            "only a deploymentRef job can use the live profile",
+            lambda j: j.deploymentRef is not None or j.workload is not None,
+            field="workload",
+        ),
     )
 
     deploymentRef: DeploymentRef | None = Field(
@@ -106,27 +116,6 @@ class CompileJobSpec(StrictModel):
     objective: Objective = Field(default_factory=Objective)
     gates: Gates = Field(default_factory=Gates)
     budget: Budget = Field(default_factory=Budget)
-
-    @model_validator(mode="after")
-    def _target(self) -> CompileJobSpec:
-        standalone = self.model is not None or self.hardware is not None
-        if self.deploymentRef is not None and standalone:
-            raise ValueError("give exactly one of deploymentRef or model + hardware, not both")
-        if self.deploymentRef is None:
-            if not standalone:
-                raise ValueError("give exactly one of deploymentRef or model + hardware")
-            if self.model is None or self.hardware is None:
-                missing = "model" if self.model is None else "hardware"
-                raise FieldError(
-                    (missing,), "is required: a standalone CompileJob needs both model and hardware"
-                )
-            if self.workload is None:
-                raise FieldError(
-                    ("workload",),
-                    "a standalone CompileJob needs workload (a profile or a traceUri); "
-                    "only a deploymentRef job can use the live profile",
-                )
-        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,13 +177,13 @@ class CompileJobStatus(StatusModel):
 class CompileJob(ResourceModel):
     """A whole CompileJob object, as in a manifest or a Kubernetes API response."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
-                "metadata.name must be a DNS label of at most 63 characters",
-            ),
-        )
+    # The name labels the Job's pods, so it must be a DNS label (<= 63 characters).
+    RULES = (
+        Rule(
+            f"self.metadata.name.size() <= 63 && self.metadata.name.matches('{DNS_LABEL_PATTERN}')",
+            "metadata.name must be at most 63 lowercase letters, digits or '-', as it names a Job",
+            lambda j: len(j.metadata.name) <= 63 and _DNS_LABEL.match(j.metadata.name) is not None,
+        ),
     )
 
     apiVersion: Literal["polymorph.dev/v1alpha1"] = "polymorph.dev/v1alpha1"
@@ -202,17 +191,6 @@ class CompileJob(ResourceModel):
     metadata: ObjectMeta
     spec: CompileJobSpec
     status: CompileJobStatus | None = None
-
-    @model_validator(mode="after")
-    def _name_fits(self) -> CompileJob:
-        # The name labels the Job's pods, so it must be a DNS label (<= 63 characters).
-        name = self.metadata.name
-        if len(name) > 63 or "." in name:
-            raise FieldError(
-                ("metadata", "name"),
-                f"must be at most 63 lowercase letters, digits or '-', as it names a Job (got {name!r})",
-            )
-        return self
 
 
 __all__ = [

@@ -3,8 +3,8 @@
 Owns: the spec models (model, hardware, engine, build policy, recompile, rollout), the
 status models the operator writes, and the whole object (apiVersion, kind, metadata, spec,
 status). Field names, enums and defaults follow the user-facing contract in DESIGN.md.
-Every cross-field rule is a pydantic validator with a one-sentence message, mirrored as a
-CEL rule for the CRD. It knows nothing about how the operator acts on a deployment.
+Every cross-field rule is a ``Rule`` beside its model: one declaration gives the pydantic
+check and the CRD's CEL rule, with one sentence for both. It knows nothing about how the operator acts on a deployment.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from polymorph.api.build import Figures
 from polymorph.api.common import (
@@ -23,7 +23,6 @@ from polymorph.api.common import (
     BuildId,
     Condition,
     Duration,
-    FieldError,
     Gates,
     Objective,
     ObjectMeta,
@@ -32,9 +31,8 @@ from polymorph.api.common import (
     StatusModel,
     StrictModel,
     WorkloadProfile,
-    cel,
-    cel_rules,
 )
+from polymorph.api.rules import Rule, strictly_increasing
 
 Accelerator = Literal[
     "cpu", "nvidia-h100", "nvidia-h200", "nvidia-b200", "amd-mi300x", "amd-mi355x", "aws-trainium2"
@@ -51,6 +49,8 @@ BuiltinMetric = Literal[
 MODEL_URI_PATTERN = r"^(s3://[^/\s]+(/\S*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/\S+|[^:\s][^:]*)$"
 """``s3://bucket/prefix``, ``pvc://claim/path`` or a local path (no other URI scheme)."""
 _MODEL_URI = re.compile(MODEL_URI_PATTERN)
+MD_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A ModelDeployment's name: a DNS-1035 label (it names a Service)."""
 
 # The accelerator's extended resource name, used when hardware.resourceName is not given.
 DEFAULT_RESOURCE_NAMES: dict[str, str | None] = {
@@ -141,45 +141,33 @@ class FieldRef(StrictModel):
 class EnvVarSource(StrictModel):
     """Where an environment variable's value comes from: exactly one source."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
-                "valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef",
-            )
-        )
+    RULES = (
+        Rule(
+            "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+            "valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef",
+            lambda v: [v.secretKeyRef, v.configMapKeyRef, v.fieldRef].count(None) == 2,
+        ),
     )
 
     secretKeyRef: KeyRef | None = None
     configMapKeyRef: KeyRef | None = None
     fieldRef: FieldRef | None = None
 
-    @model_validator(mode="after")
-    def _one_source(self) -> EnvVarSource:
-        given = [n for n in ("secretKeyRef", "configMapKeyRef", "fieldRef") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ValueError("valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef")
-        return self
-
 
 class EnvVar(StrictModel):
     """An environment variable of the engine container: a value, or a value from a source."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("!(has(self.value) && has(self.valueFrom))", "give value or valueFrom, not both"),
-        )
+    RULES = (
+        Rule(
+            "!(has(self.value) && has(self.valueFrom))",
+            "give value or valueFrom, not both",
+            lambda e: e.value is None or e.valueFrom is None,
+        ),
     )
 
     name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     value: str | None = None
     valueFrom: EnvVarSource | None = None
-
-    @model_validator(mode="after")
-    def _one_value(self) -> EnvVar:
-        if self.value is not None and self.valueFrom is not None:
-            raise ValueError(f"env {self.name}: give value or valueFrom, not both")
-        return self
 
 
 class EngineSpec(StrictModel):
@@ -238,26 +226,22 @@ class RolloutStep(StrictModel):
 class ThresholdRange(StrictModel):
     """The range an analysis value must stay in; one bound or both."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("has(self.min) || has(self.max)", "thresholdRange needs min, max or both"),
-            cel(
-                "!has(self.min) || !has(self.max) || self.min <= self.max",
-                "thresholdRange min must be <= max",
-            ),
-        )
+    RULES = (
+        Rule(
+            "has(self.min) || has(self.max)",
+            "thresholdRange needs min, max or both",
+            lambda t: t.min is not None or t.max is not None,
+        ),
+        Rule(
+            "!has(self.min) || !has(self.max) || self.min <= self.max",
+            "thresholdRange min must be <= max",
+            lambda t: t.min is None or t.max is None or t.min <= t.max,
+            field="min",
+        ),
     )
 
     min: float | None = None
     max: float | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> ThresholdRange:
-        if self.min is None and self.max is None:
-            raise ValueError("thresholdRange needs min, max or both")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise FieldError(("min",), f"thresholdRange min ({self.min:g}) must be <= max ({self.max:g})")
-        return self
 
     def contains(self, value: float) -> bool:
         """Whether ``value`` is inside the range (bounds included)."""
@@ -270,10 +254,12 @@ class AnalysisMetric(StrictModel):
     In a query, ``{{name}}`` and ``{{namespace}}`` stand for the deployment's name and namespace.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("has(self.builtin) != has(self.query)", "a metric needs exactly one of builtin or query"),
-        )
+    RULES = (
+        Rule(
+            "has(self.builtin) != has(self.query)",
+            "a metric needs exactly one of builtin or query",
+            lambda m: (m.builtin is None) != (m.query is None),
+        ),
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
@@ -282,12 +268,6 @@ class AnalysisMetric(StrictModel):
     )
     query: str | None = Field(default=None, min_length=1, description="A PromQL query returning one number.")
     thresholdRange: ThresholdRange
-
-    @model_validator(mode="after")
-    def _one_source(self) -> AnalysisMetric:
-        if (self.builtin is None) == (self.query is None):
-            raise ValueError(f"metric {self.name!r} needs exactly one of builtin or query")
-        return self
 
 
 def _default_metrics() -> list[AnalysisMetric]:
@@ -304,13 +284,13 @@ def _default_metrics() -> list[AnalysisMetric]:
 class AnalysisSpec(StrictModel):
     """How a canary step is judged: every ``interval``, each metric is checked against its range."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.metrics.all(a, self.metrics.exists_one(b, b.name == a.name))",
-                "metric names must be unique",
-            ),
-        )
+    RULES = (
+        Rule(
+            "!has(self.metrics) || self.metrics.all(a, self.metrics.exists_one(b, b.name == a.name))",
+            "metric names must be unique",
+            lambda a: len({m.name for m in a.metrics}) == len(a.metrics),
+            field="metrics",
+        ),
     )
 
     interval: Duration = Field(default="1m", description="How often each metric is checked.")
@@ -320,17 +300,8 @@ class AnalysisSpec(StrictModel):
     noDataPolicy: Literal["Inconclusive", "Pass", "Fail"] = Field(
         default="Inconclusive", description="What a check with no data counts as."
     )
+    # maxItems bounds the CEL cost of the uniqueness rule (quadratic in the list's length).
     metrics: list[AnalysisMetric] = Field(default_factory=_default_metrics, max_length=20)
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> AnalysisSpec:
-        names = [m.name for m in self.metrics]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise FieldError(
-                    ("metrics", i, "name"), f"metric names must be unique; {name!r} is used twice"
-                )
-        return self
 
 
 def _default_steps() -> list[RolloutStep]:
@@ -340,31 +311,22 @@ def _default_steps() -> list[RolloutStep]:
 class RolloutSpec(StrictModel):
     """A canary rollout: steps of increasing weight, judged by analysis, then promote or fail."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.steps.map(s, s.weight).isSorted() && self.steps.all(a, self.steps.exists_one(b, b.weight == a.weight))",
-                "step weights must be strictly increasing",
-            ),
-        )
+    RULES = (
+        Rule(
+            "!has(self.steps) || (self.steps.map(s, s.weight).isSorted()"
+            " && self.steps.all(a, self.steps.exists_one(b, b.weight == a.weight)))",
+            "step weights must be strictly increasing, each step above the one before",
+            lambda r: strictly_increasing([s.weight for s in r.steps]),
+            field="steps",
+        ),
     )
 
+    # maxItems bounds the CEL cost of the increasing-weights rule (quadratic in the list's length).
     steps: list[RolloutStep] = Field(default_factory=_default_steps, min_length=1, max_length=20)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
     onFailure: Literal["Rollback", "Pause"] = Field(
         default="Rollback", description="What a failed rollout does."
     )
-
-    @model_validator(mode="after")
-    def _increasing(self) -> RolloutSpec:
-        for i in range(1, len(self.steps)):
-            if self.steps[i].weight <= self.steps[i - 1].weight:
-                raise FieldError(
-                    ("steps", i, "weight"),
-                    f"must be > {self.steps[i - 1].weight} (steps[{i - 1}].weight), as step weights must be "
-                    f"strictly increasing (got {self.steps[i].weight})",
-                )
-        return self
 
 
 class ModelDeploymentSpec(StrictModel):
@@ -479,16 +441,20 @@ class ModelDeploymentStatus(StatusModel):
     history: list[RolloutRecord] = Field(default_factory=list)
 
 
+_MD_NAME = re.compile(MD_NAME_PATTERN)
+
+
 class ModelDeployment(ResourceModel):
     """A whole ModelDeployment object, as in a manifest or a Kubernetes API response."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.metadata.name.size() <= 56 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-                "metadata.name must be a DNS label of at most 56 characters starting with a letter",
-            ),
-        )
+    # The name becomes a Service and the Deployment "<name>-canary": a DNS-1035 label of <= 63.
+    RULES = (
+        Rule(
+            f"self.metadata.name.size() <= 56 && self.metadata.name.matches('{MD_NAME_PATTERN}')",
+            "metadata.name must be at most 56 lowercase letters, digits or '-', starting with a letter, "
+            "as it names a Service and the Deployment <name>-canary",
+            lambda md: len(md.metadata.name) <= 56 and _MD_NAME.match(md.metadata.name) is not None,
+        ),
     )
 
     apiVersion: Literal["polymorph.dev/v1alpha1"] = "polymorph.dev/v1alpha1"
@@ -496,18 +462,6 @@ class ModelDeployment(ResourceModel):
     metadata: ObjectMeta
     spec: ModelDeploymentSpec
     status: ModelDeploymentStatus | None = None
-
-    @model_validator(mode="after")
-    def _name_fits(self) -> ModelDeployment:
-        # The name becomes a Service and the Deployment "<name>-canary": a DNS-1035 label of <= 63.
-        name = self.metadata.name
-        if len(name) > 56 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name):
-            raise FieldError(
-                ("metadata", "name"),
-                f"must be at most 56 lowercase letters, digits or '-', starting with a letter, as it names a "
-                f"Service and the Deployment <name>-canary (got {name!r})",
-            )
-        return self
 
 
 __all__ = [
