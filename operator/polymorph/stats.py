@@ -36,8 +36,8 @@ the 20%-trimmed mean with Yuen's (Tukey-McLaughlin) trimmed-t interval, then exp
   ratios (not outlier-proof, nothing at that n is). n = 1 gives ``[0, inf)``: one pair says
   nothing about noise.
 - Why not the alternatives: a sign-test or Wilcoxon (Hodges-Lehmann) interval cannot reach
-  95% below n = 6, and at n = 5..13 its 95% bound is an average involving the most extreme
-  pair, so one 3x-slow pass flips the verdict; a bootstrap of the median puts the outlier in
+  95% below n = 6, and at n = 6..11 its 95% bound is a Walsh average involving the most
+  extreme pair, so one 3x-slow pass flips the verdict; a bootstrap of the median puts the outlier in
   the median of ~6% of resamples at n = 5 (so in the 2.5% tail), and undercovers at small n.
 - The centre is the trimmed mean, not the median, so that the interval is centred on the
   estimator it is for; for n <= 4 the two coincide and for larger n they differ only by the
@@ -161,7 +161,7 @@ def _real(x: object, name: str) -> float:
 def _confidence(confidence: object) -> float:
     c = _real(confidence, "confidence")
     if not 0.0 < c < 1.0:
-        raise ValueError(f"confidence must lie strictly between 0 and 1 (e.g. 0.95), got {c}.")
+        raise ValueError(f"confidence must lie strictly between 0 and 1 (such as 0.95), got {c}.")
     return c
 
 
@@ -399,10 +399,13 @@ def steady_state(passes: Sequence[float], tolerance: float) -> bool:
 
 
 def precise_enough(est: Estimate, target_half_width: float) -> bool:
-    """True when the estimate's relative half-width is at most ``target_half_width`` (e.g. 0.02)."""
+    """True when the estimate's relative half-width is at most ``target_half_width`` (such as 0.02).
+
+    The comparison forgives float rounding (a relative 1e-9), so an interval of exactly ±2% meets 0.02.
+    """
     if not isinstance(est, Estimate):
         raise ValueError(f"est must be an Estimate, got {type(est).__name__}.")
     target = _real(target_half_width, "target_half_width")
     if target <= 0:
-        raise ValueError(f"target_half_width must be positive (e.g. 0.02 for ±2%), got {target}.")
-    return est.half_width <= target
+        raise ValueError(f"target_half_width must be positive (such as 0.02 for ±2%), got {target}.")
+    return est.half_width <= target * (1.0 + 1e-9)
