@@ -40,8 +40,8 @@ the 20%-trimmed mean with Yuen's (Tukey-McLaughlin) trimmed-t interval, then exp
   extreme pair, so one 3x-slow pass flips the verdict; a bootstrap of the median puts the outlier in
   the median of ~6% of resamples at n = 5 (so in the 2.5% tail), and undercovers at small n.
 - The centre is the trimmed mean, not the median, so that the interval is centred on the
-  estimator it is for; for n <= 4 the two coincide and for larger n they differ only by the
-  averaging of the kept middle values. The method is deterministic: ``seed`` is validated and
+  estimator it is for; for n = 1, 2 and 4 the two coincide, and otherwise they differ only
+  by the averaging of the kept middle values. The method is deterministic: ``seed`` is validated and
   otherwise unused, kept in the signature so that callers need not change with the method.
 
 ``ratio`` (unpaired): the ratio of medians with a seeded percentile bootstrap (each sample
