@@ -18,6 +18,10 @@ knob value computes the same function faster on some device (see build.toml):
   default inductor mode: max-autotune would multiply prepare time per bucket, and
   ``reduce-overhead`` would add CUDA graphs, which is the other knob value's job.
 - ``sampling``: ``host`` (copy logits to the CPU, argmax there: one sync per step) | ``device``.
+- ``decode_step``: ``layered`` (the steps above) | ``fused`` (fused.py: a static-cache step of a
+  few fused operations per layer, captured whole as one CUDA graph per bucket; it supersedes
+  ``decode_capture``). ``kernels`` (``torch`` | ``triton`` | ``compile``) picks what runs it and
+  ``capture_buckets`` (``pow2`` | ``max``) which batch buckets it prepares; both require it.
 
 With ``attention = "sdpa"`` on CUDA, prefill and eager decode run under ``sdpa_kernel`` without
 the cuDNN backend: cuDNN builds an execution plan per new shape (every prompt length, every
@@ -44,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin, rope_inv_freq
 
 from . import layers as L
+from .fused import FusedDecoder
 from .kvcache import ConcatCache, StaticCache
 
 
@@ -76,6 +81,9 @@ class ReferenceHotPath:
         if self.kv_cache != "static" or (capture == "cuda_graph" and self.device.type != "cuda"):
             capture = "none"  # documented degradation: capture needs fixed shapes (and CUDA for graphs)
         self.capture = capture
+        self.fused: FusedDecoder | None = None
+        if str(knobs.get("decode_step", "layered")) == "fused" and self.kv_cache == "static":
+            self.capture = "none"  # the fused step captures itself: one graph per bucket, all layers
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.layers = L.prepare_layers(
             model.weights,
@@ -88,6 +96,17 @@ class ReferenceHotPath:
         self.lm_head = self.embed if c.tie_word_embeddings else model.weights["lm_head.weight"]  # [V, H]
         self.inv_freq = rope_inv_freq(c, self.device)  # [D/2] float32
         self._attend = L.attention_sdpa if self.attention == "sdpa" else L.attention_manual
+        if str(knobs.get("decode_step", "layered")) == "fused" and self.kv_cache == "static":
+            self.fused = FusedDecoder(
+                model.weights,
+                c,
+                self.inv_freq,
+                rope_cos_sin,
+                kernels=str(knobs.get("kernels", "torch")),
+                attention=self.attention,
+                buckets=str(knobs.get("capture_buckets", "pow2")),
+                device=self.device,
+            )
         self._compiled = (
             torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None
         )
@@ -141,7 +160,10 @@ class ReferenceHotPath:
         cache = StaticCache(
             c.num_hidden_layers, max_batch, max_seq_len, self.nkv, self.d, self.device, self.dtype
         )
-        if self.capture != "none":
+        if self.fused is not None:
+            with self._kernels():
+                self.fused.prepare(cache)
+        elif self.capture != "none":
             self._prepare_captures(cache)  # fixed shapes: every sdpa backend, cuDNN included
         return cache
 
@@ -172,6 +194,11 @@ class ReferenceHotPath:
             with self._kernels():
                 return self._decode_concat(cache, slot_list, tokens)
         attended = cache.check_decode(slot_list)
+        if self.fused is not None:
+            with self._kernels():
+                logits = self.fused.decode(cache, slots, tokens)  # advances the device lengths itself
+            cache.advance_host(slot_list)
+            return logits
         slots_dev = slots.to(self.device)
         if self.capture == "none":
             with self._kernels():
@@ -192,6 +219,9 @@ class ReferenceHotPath:
     def close(self) -> None:
         self.layers = []
         self._compiled = None
+        if self.fused is not None:
+            self.fused.close()
+            self.fused = None
         for name in ("embed", "final_norm", "lm_head", "inv_freq"):
             setattr(self, name, None)
 

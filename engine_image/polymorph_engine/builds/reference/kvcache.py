@@ -175,6 +175,11 @@ class StaticCache:
         for s in slots:
             self.host_lengths[s] += 1
 
+    def advance_host(self, slots: list[int]) -> None:
+        """Host lengths only, after a step that advanced ``lengths`` on the device itself."""
+        for s in slots:
+            self.host_lengths[s] += 1
+
     def free(self, slot: int) -> None:
         _check_slot(slot, self.max_batch)
         self.lengths[slot] = 0

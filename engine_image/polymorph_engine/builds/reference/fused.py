@@ -1,0 +1,342 @@
+"""The fused decode step of the reference build (knob ``decode_step = "fused"``).
+
+One decode step over a ``StaticCache`` as few large operations per layer: the input norm fused
+into one q/k/v projection, RoPE and the cache write in one operation, attention, the output
+projection with its residual add, the MLP norm fused into one gate/up projection, SwiGLU fused
+into the down projection with its residual add; then the final norm and the head. Positions come
+from ``cache.lengths`` on the device and the step advances them itself, so on CUDA the whole
+step, every layer and the head, is one CUDA graph per batch bucket, replayed with no host work
+besides copying the slots and tokens in (host out of the loop).
+
+Which implementation runs each operation is the ``kernels`` knob:
+- ``torch``: ``TorchOps``, plain PyTorch (the reference's own layer functions), attending over
+  the whole ``max_seq_len`` under a mask, as the reference's captured step does;
+- ``triton``: ``TritonOps`` (kernels.py): GEMV with fused norm / SwiGLU / residual for up to
+  ``GEMV_MAX_ROWS`` rows (cuBLAS above), one RoPE+store launch, split-KV attention over the live
+  length only. Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
+  degrades to ``torch``;
+- ``compile``: ``TorchOps`` per layer under ``torch.compile(fullgraph=True, dynamic=False)`` with
+  inductor's coordinate-descent tuning (which turns batch-1 matmuls into tuned reductions fused
+  with their neighbours). Every layer has the same shapes, so one compilation per batch bucket
+  serves all layers, and the whole step is still captured as one graph on CUDA.
+
+``capture_buckets`` picks the batch buckets prepared in ``prepare``: ``pow2`` (1, 2, 4, ... up to
+max_batch, plus max_batch) or ``max`` (max_batch alone: smaller batches are padded; one capture
+and one compilation, which is what a fixed-concurrency workload uses).
+
+The fused step always uses fused q/k/v and gate/up weights (it builds them once at load,
+whatever ``fused_qkv`` / ``fused_gate_up`` say). It knows nothing about prefill, scheduling or
+sampling. Shapes: B = rows (a bucket), H = hidden, I = intermediate, V = vocab, D = head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import layers as L
+from .kvcache import StaticCache
+
+GEMV_MAX_ROWS = 4  # above this many rows a matmul is no longer a pure weight read: cuBLAS wins
+RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Whether triton kernels can run on ``device``: CUDA, or CPU under the triton interpreter."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        import triton  # noqa: F401  (optional extra: only this knob value needs it)
+    except ImportError:
+        return False
+    return True
+
+
+def batch_buckets(max_batch: int, policy: str) -> list[int]:
+    """The batch sizes to prepare, largest first (a shared graph pool is reused downwards)."""
+    if policy == "max":
+        return [max_batch]
+    sizes, b = {max_batch}, 1
+    while b < max_batch:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes, reverse=True)
+
+
+@dataclass(frozen=True)
+class Shape:
+    nh: int
+    nkv: int
+    d: int
+    eps: float
+
+
+class TorchOps:
+    """The reference twins: the reference build's own layer functions, graph-safe shapes."""
+
+    def __init__(self, shape: Shape, rope: RopeFn, attention: str) -> None:
+        self.s, self.rope = shape, rope
+        self.attend_fn = L.attention_sdpa if attention == "sdpa" else L.attention_manual
+
+    def norm_linear(
+        self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x [B, K] -> linear(rms_norm(x)) [B, N]."""
+        return F.linear(L.rms_norm(x, nw, self.s.eps), w, bias)
+
+    def linear_residual(
+        self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, res: torch.Tensor
+    ) -> torch.Tensor:
+        """res + linear(x): x [B, K], res [B, N]."""
+        return res + F.linear(x, w, bias)
+
+    def silu_linear_residual(self, gu: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        """res + down(silu(gate) * up): gu [B, 2I] = [gate | up], w [H, I]."""
+        gate, up = gu.chunk(2, dim=-1)
+        return res + F.linear(F.silu(gate) * up, w)
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+        inv_freq: torch.Tensor,
+        q_norm: torch.Tensor | None,
+        k_norm: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """qkv [B, (nh+2nkv)*D] -> rotated q [B, nh, D]; rotated k and v written at
+        (slots, lengths[slots]) of kc, vc [S, nkv, L, D]."""
+        s = self.s
+        b = qkv.shape[0]
+        q, k, v = qkv.split([s.nh * s.d, s.nkv * s.d, s.nkv * s.d], dim=-1)
+        q, k, v = q.reshape(b, s.nh, s.d), k.reshape(b, s.nkv, s.d), v.reshape(b, s.nkv, s.d)
+        if q_norm is not None and k_norm is not None:
+            q, k = L.rms_norm(q, q_norm, s.eps), L.rms_norm(k, k_norm, s.eps)
+        positions = lengths[slots].clamp(max=kc.shape[2] - 1)  # [B]; padded rows stay in bounds
+        cos, sin = self.rope(inv_freq, positions, qkv.dtype)  # [B, D]
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, D]
+        q = q * cos + L.rotate_half(q) * sin
+        k = k * cos + L.rotate_half(k) * sin
+        kc[slots, :, positions] = k  # advanced indices first: [B, nkv, D]
+        vc[slots, :, positions] = v
+        return q
+
+    def attend(
+        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """q [B, nh, D] over all of kc, vc [S, nkv, L, D] masked to 0..lengths[slot] -> [B, nh*D]."""
+        b = q.shape[0]
+        positions = lengths[slots].clamp(max=kc.shape[2] - 1)
+        mask = StaticCache.decode_mask(positions, kc.shape[2])  # [B, 1, 1, L]
+        out = self.attend_fn(q[:, :, None], kc[slots], vc[slots], mask)  # [B, nh, 1, D]
+        return out.reshape(b, -1)
+
+    def head(self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [B, H] -> float32 logits [B, V]."""
+        return (L.rms_norm(x, nw, self.s.eps) @ w.T).float()
+
+
+class TritonOps(TorchOps):
+    """kernels.py for batch <= GEMV_MAX_ROWS; cuBLAS (the torch twin) above it."""
+
+    def __init__(self, shape: Shape, rope: RopeFn, attention: str) -> None:
+        super().__init__(shape, rope, attention)
+        from . import kernels  # optional extra: triton is imported only when this knob value is chosen
+
+        self.k = kernels
+
+    def norm_linear(
+        self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if x.shape[0] > GEMV_MAX_ROWS:
+            return super().norm_linear(x, nw, w, bias)
+        out = x.new_empty(x.shape[0], w.shape[0])
+        return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps)
+
+    def linear_residual(
+        self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, res: torch.Tensor
+    ) -> torch.Tensor:
+        if x.shape[0] > GEMV_MAX_ROWS:
+            return super().linear_residual(x, w, bias, res)
+        return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res)
+
+    def silu_linear_residual(self, gu: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        if gu.shape[0] > GEMV_MAX_ROWS:
+            return super().silu_linear_residual(gu, w, res)
+        return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True)
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+        inv_freq: torch.Tensor,
+        q_norm: torch.Tensor | None,
+        k_norm: torch.Tensor | None,
+    ) -> torch.Tensor:
+        s = self.s
+        q = qkv.new_empty(qkv.shape[0], s.nh, s.d)
+        self.k.rope_store(qkv, q, kc, vc, slots, lengths, inv_freq, q_norm, k_norm, s.eps)
+        return q
+
+    def attend(
+        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        b, nh, d = q.shape
+        splits = self.k.attention_splits(kc.shape[2], b, kc.shape[1], self.k._sm_count(q.device))
+        scratch = (
+            q.new_empty(b, nh, splits, dtype=torch.float32),
+            q.new_empty(b, nh, splits, dtype=torch.float32),
+            q.new_empty(b, nh, splits, d, dtype=torch.float32),
+        )
+        return self.k.decode_attention(q, kc, vc, slots, lengths, q.new_empty(b, nh * d), scratch)
+
+    def head(self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > GEMV_MAX_ROWS:
+            return super().head(x, nw, w)
+        out = x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+        return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps)
+
+
+@dataclass
+class Graph:
+    """One captured step for a batch bucket: its static inputs and output."""
+
+    slots: torch.Tensor  # [bucket] int64
+    tokens: torch.Tensor  # [bucket] int64
+    logits: torch.Tensor | None = None  # [bucket, V] float32, rewritten by each replay
+    graph: Any = None  # torch.cuda.CUDAGraph
+
+
+class FusedDecoder:
+    """The fused step over a static cache; see the module docstring."""
+
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        config: Any,
+        inv_freq: torch.Tensor,
+        rope: RopeFn,
+        *,
+        kernels: str,
+        attention: str,
+        buckets: str,
+        device: torch.device,
+    ) -> None:
+        self.shape = Shape(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
+        )
+        self.layers = L.prepare_layers(weights, config.num_hidden_layers, fused_qkv=True, fused_gate_up=True)
+        self.embed = weights["model.embed_tokens.weight"]  # [V, H]
+        self.final_norm = weights["model.norm.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.inv_freq = inv_freq  # [D/2] float32
+        self.device, self.buckets = device, buckets
+        if kernels == "triton" and not triton_usable(device):
+            kernels = "torch"  # documented degradation: no triton here
+        self.kernels = kernels
+        self.ops: TorchOps = (TritonOps if kernels == "triton" else TorchOps)(self.shape, rope, attention)
+        self._layer_fn: Callable[..., torch.Tensor] = self._layer
+        if kernels == "compile":
+            self._layer_fn = torch.compile(self._layer, fullgraph=True, dynamic=False)
+        self.capture = device.type == "cuda"
+
+    def _layer(
+        self,
+        x: torch.Tensor,
+        lw: L.LayerWeights,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decoder layer: x [B, H] -> [B, H]; writes this step's k, v into kc, vc."""
+        ops = self.ops
+        assert lw.qkv_proj is not None and lw.gate_up_proj is not None
+        qkv = ops.norm_linear(x, lw.attn_norm, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
+        q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
+        attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
+        x = ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
+        gu = ops.norm_linear(x, lw.mlp_norm, lw.gate_up_proj, None)  # [B, 2I]
+        return ops.silu_linear_residual(gu, lw.down_proj, x)
+
+    def step(self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """slots, tokens [B] on the device -> float32 logits [B, V]; advances ``cache.lengths``
+        of the slots (the scratch slot stays at 0)."""
+        x = self.embed[tokens]  # [B, H]
+        for i, lw in enumerate(self.layers):
+            x = self._layer_fn(x, lw, cache.k[i], cache.v[i], slots, cache.lengths)
+        logits = self.ops.head(x, self.final_norm, self.lm_head)
+        cache.lengths.index_add_(0, slots, torch.ones_like(slots))
+        cache.lengths[cache.scratch] = 0
+        return logits
+
+    # --- capture ---
+
+    def prepare(self, cache: StaticCache) -> None:
+        """Compile / JIT and capture every bucket for ``cache`` (the prepare step, never a decode)."""
+        pool = torch.cuda.graph_pool_handle() if self.capture else None
+        for bucket in batch_buckets(cache.max_batch, self.buckets):
+            g = Graph(
+                slots=torch.full((bucket,), cache.scratch, dtype=torch.int64, device=self.device),
+                tokens=torch.zeros(bucket, dtype=torch.int64, device=self.device),
+            )
+            with torch.no_grad(), _tuning(self.kernels):
+                if not self.capture:
+                    self.step(cache, g.slots, g.tokens)  # compile / JIT now, not on the first decode
+                else:
+                    stream = torch.cuda.Stream(self.device)
+                    stream.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(stream):
+                        for _ in range(2):  # compile, JIT and warm the allocator outside the graph
+                            self.step(cache, g.slots, g.tokens)
+                    torch.cuda.current_stream(self.device).wait_stream(stream)
+                    g.graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g.graph, pool=pool):
+                        g.logits = self.step(cache, g.slots, g.tokens)
+            cache.captured[bucket] = g
+
+    @torch.no_grad()
+    def decode(self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """slots [b] (host or device), tokens [b] -> logits [b, V]; advances device lengths."""
+        b = int(slots.shape[0])
+        fits = [k for k in cache.captured if k >= b]
+        if not fits:
+            raise ValueError(f"decode got {b} rows but this cache was prepared for at most {cache.max_batch}")
+        g = cache.captured[min(fits)]
+        assert isinstance(g, Graph)
+        g.slots[:b].copy_(slots)
+        g.slots[b:].fill_(cache.scratch)
+        g.tokens[:b].copy_(tokens)
+        g.tokens[b:].zero_()
+        if g.graph is None:
+            return self.step(cache, g.slots, g.tokens)[:b]
+        g.graph.replay()
+        assert g.logits is not None
+        return g.logits[:b].clone()  # the next replay overwrites the graph's output
+
+    def close(self) -> None:
+        self.layers = []
+        self._layer_fn = self._layer
+        for name in ("embed", "final_norm", "lm_head", "inv_freq"):
+            setattr(self, name, None)
+
+
+def _tuning(kernels: str) -> contextlib.AbstractContextManager[Any]:
+    """Inductor settings for the ``compile`` kernels, applied while they compile (in prepare)."""
+    if kernels != "compile":
+        return contextlib.nullcontext()
+    # Lazy: importing inductor costs start-up time that only this knob value needs.
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(coordinate_descent_tuning=True)

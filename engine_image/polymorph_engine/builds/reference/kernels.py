@@ -1,0 +1,394 @@
+"""Triton kernels of the fused decode step (``decode_step = "fused"``, ``kernels = "triton"``).
+
+Each kernel has a typed wrapper here and a pure-PyTorch twin in ``fused.py`` (``TorchOps``)
+that computes the same function; ``tests/engine_builds/test_fast_knobs.py`` compares them on
+fresh random inputs (on CPU through ``TRITON_INTERPRET=1`` when triton is installed).
+
+- ``gemv``: ``out[b] = act(x[b]) @ W.T (+ bias) (+ res[b])`` for a few rows b (batch-1 decode is
+  a matrix-vector product, bound by reading W once). ``act`` is the identity, an RMSNorm of x
+  (the layer's input norm fused in: each program recomputes the row's norm, x is tiny and sits
+  in L2), or SwiGLU's ``silu(gate) * up`` over x = [gate | up]. The tile has a fixed element
+  count so every program keeps the same bytes in flight; the rows per program shrink for small N
+  so that the grid holds several programs per multiprocessor.
+- ``rope_store``: RoPE on q and k of every head (optionally the Qwen3 per-head q/k norm first),
+  q to a buffer, k and v written into the static cache at (slot, position): one launch.
+- ``decode_attention``: split-KV (flash-decoding) attention of one query per row over the
+  positions 0..lengths[slot], read on the device, so a captured graph attends only over the live
+  length. Pass one writes per-split partial maxima, sums and outputs; pass two combines them.
+
+Rounding follows the reference where it is cheap (intermediates rounded to the activation dtype
+where the reference rounds them), so the fused step stays close to the golden logits in bf16.
+Triton is an optional extra of this build: this module is imported only when the knob selects
+it. It knows nothing about layers, caches beyond their tensor layout, or scheduling.
+Shapes: B = rows, N = output features, K = input features, D = head dim, L = cache positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+PROLOGUE_NONE, PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL = 0, 1, 2
+TILE_ELEMENTS = 4096  # BLOCK_N * BLOCK_K: 8 KB of bf16 weights per program and loop iteration
+ATTN_BLOCK_L = 64  # cache positions per attention tile
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [B, K] (or [B, 2K]: gate | up for SILU_MUL)
+    w_ptr,  # [N, K] row-major
+    out_ptr,  # [B, N]
+    bias_ptr,  # [N] or unused
+    res_ptr,  # [B, N] or unused
+    nw_ptr,  # [K] norm weight or unused
+    N,
+    K,
+    stride_xb,
+    stride_ob,
+    stride_rb,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    act_ty = x_ptr.dtype.element_ty
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    mask_n = offs_n < N
+    x_row = x_ptr + b * stride_xb
+    rstd = 1.0
+    if PROLOGUE == 1:
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            ss += xv * xv
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
+        mask_k = offs_k < K
+        if PROLOGUE == 2:
+            g = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            u = tl.load(x_row + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            s = (g / (1.0 + tl.exp(-g))).to(act_ty).to(tl.float32)  # silu, rounded as F.silu
+            xv = (s * u).to(act_ty).to(tl.float32)
+        elif PROLOGUE == 1:
+            xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            xv = ((xv * rstd).to(act_ty).to(tl.float32) * nw).to(act_ty).to(tl.float32)
+        else:
+            xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        w = tl.load(
+            w_ptr + offs_n[:, None] * K + offs_k[None, :],
+            mask=mask_n[:, None] & mask_k[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_K]
+        acc += w.to(tl.float32) * xv[None, :]
+    out = tl.sum(acc, axis=1)  # [BLOCK_N] float32
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if HAS_RES:
+        # The reference rounds the projection before the residual add.
+        out = out.to(act_ty).to(tl.float32)
+        out += tl.load(res_ptr + b * stride_rb + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + b * stride_ob + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+def gemv_blocks(n: int, k: int, rows: int, sms: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): a fixed tile, the fewest rows per program that still leave >= 4
+    programs per multiprocessor (more parallel loads in flight), at most 16 rows."""
+    block_n = 16
+    while block_n > 1 and triton.cdiv(n, block_n) * rows < 4 * sms:
+        block_n //= 2
+    block_k = min(TILE_ELEMENTS // block_n, triton.next_power_of_2(k))
+    return block_n, max(block_k, 16)
+
+
+def gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    res: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """out [B, N] = act(x) @ w.T (+ bias) (+ res). x [B, K] ([B, 2K] with ``silu_mul``), w [N, K]."""
+    n, k = w.shape
+    rows = x.shape[0]
+    assert w.is_contiguous() and x.stride(-1) == 1 and out.stride(-1) == 1
+    assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, w.shape)
+    prologue = PROLOGUE_SILU_MUL if silu_mul else (PROLOGUE_RMSNORM if norm_weight is not None else 0)
+    sms = _sm_count(x.device)
+    block_n, block_k = gemv_blocks(n, k, rows, sms)
+    dummy = w
+    _gemv_kernel[(triton.cdiv(n, block_n), rows)](
+        x,
+        w,
+        out,
+        bias if bias is not None else dummy,
+        res if res is not None else dummy,
+        norm_weight if norm_weight is not None else dummy,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        res.stride(0) if res is not None else 0,
+        eps,
+        PROLOGUE=prologue,
+        HAS_BIAS=bias is not None,
+        HAS_RES=res is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=4,
+    )
+    return out
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 4  # the interpreter: any grid works
+
+
+@triton.jit
+def _rope_store_kernel(
+    qkv_ptr,  # [B, (NH + 2*NKV) * D]
+    q_out_ptr,  # [B, NH, D]
+    k_cache_ptr,  # [S, NKV, L, D]
+    v_cache_ptr,  # [S, NKV, L, D]
+    slots_ptr,  # [B] int64
+    lengths_ptr,  # [S] int64: position of the new token = lengths[slot]
+    inv_freq_ptr,  # [D/2] float32
+    qn_ptr,  # [D] q norm weight or unused
+    kn_ptr,  # [D] k norm weight or unused
+    stride_qkv_b,
+    stride_cs,
+    stride_ch,
+    stride_cl,
+    max_pos,
+    eps,
+    NH: tl.constexpr,
+    NKV: tl.constexpr,
+    HALF: tl.constexpr,  # D / 2
+    QK_NORM: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)  # 0..NH-1: q heads, NH..NH+NKV-1: k heads (v copied alongside)
+    ty = q_out_ptr.dtype.element_ty
+    d = 2 * HALF
+    slot = tl.load(slots_ptr + b)
+    pos = tl.minimum(tl.load(lengths_ptr + slot), max_pos)  # padded rows never write out of bounds
+    offs = tl.arange(0, HALF)
+    base = qkv_ptr + b * stride_qkv_b + h * d
+    x1 = tl.load(base + offs).to(tl.float32)
+    x2 = tl.load(base + HALF + offs).to(tl.float32)
+    if QK_NORM:
+        ms = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d
+        rstd = 1.0 / tl.sqrt(ms + eps)
+        is_q = h < NH
+        w1 = tl.where(is_q, tl.load(qn_ptr + offs), tl.load(kn_ptr + offs)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(qn_ptr + HALF + offs), tl.load(kn_ptr + HALF + offs)).to(tl.float32)
+        x1 = ((x1 * rstd).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
+        x2 = ((x2 * rstd).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
+    freq = pos.to(tl.float32) * tl.load(inv_freq_ptr + offs)  # [HALF]
+    c = tl.cos(freq).to(ty).to(tl.float32)
+    s = tl.sin(freq).to(ty).to(tl.float32)
+    # x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1]; each product rounded.
+    o1 = ((x1 * c).to(ty).to(tl.float32) + (-x2 * s).to(ty).to(tl.float32)).to(ty)
+    o2 = ((x2 * c).to(ty).to(tl.float32) + (x1 * s).to(ty).to(tl.float32)).to(ty)
+    if h < NH:
+        q_base = q_out_ptr + (b * NH + h) * d
+        tl.store(q_base + offs, o1)
+        tl.store(q_base + HALF + offs, o2)
+    else:
+        kvh = h - NH
+        dst = slot * stride_cs + kvh * stride_ch + pos * stride_cl
+        tl.store(k_cache_ptr + dst + offs, o1)
+        tl.store(k_cache_ptr + dst + HALF + offs, o2)
+        v_base = qkv_ptr + b * stride_qkv_b + (NH + NKV + kvh) * d
+        tl.store(v_cache_ptr + dst + offs, tl.load(v_base + offs))
+        tl.store(v_cache_ptr + dst + HALF + offs, tl.load(v_base + HALF + offs))
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    q_out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    inv_freq: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+) -> None:
+    """qkv [B, (nh+2nkv)*D] -> q_out [B, nh, D] rotated; k (rotated), v into the caches at
+    [slots[b], :, lengths[slots[b]]]. Caches [S, nkv, L, D], contiguous in D."""
+    b, nh, d = q_out.shape
+    nkv = k_cache.shape[1]
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.stride(-1) == 1
+    _rope_store_kernel[(b, nh + nkv)](
+        qkv,
+        q_out,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        inv_freq,
+        q_norm if q_norm is not None else inv_freq,
+        k_norm if k_norm is not None else inv_freq,
+        qkv.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_cache.shape[2] - 1,
+        eps,
+        NH=nh,
+        NKV=nkv,
+        HALF=d // 2,
+        QK_NORM=q_norm is not None,
+        num_warps=1,
+    )
+
+
+@triton.jit
+def _attn_split_kernel(
+    q_ptr,  # [B, NH, D]
+    k_cache_ptr,  # [S, NKV, L, D]
+    v_cache_ptr,
+    slots_ptr,  # [B]
+    lengths_ptr,  # [S]: the new token's position; attended positions are 0..lengths[slot]
+    m_ptr,  # [B, NH, SPLITS] float32
+    l_ptr,  # [B, NH, SPLITS] float32
+    acc_ptr,  # [B, NH, SPLITS, D] float32
+    stride_cs,
+    stride_ch,
+    stride_cl,
+    max_pos,
+    scale,
+    NKV: tl.constexpr,
+    G: tl.constexpr,  # query heads per kv head
+    BLOCK_G: tl.constexpr,  # G padded to >= 16 for tl.dot
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // NKV
+    kvh = bh % NKV
+    nh = NKV * G
+    slot = tl.load(slots_ptr + b)
+    length = tl.minimum(tl.load(lengths_ptr + slot), max_pos) + 1
+    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_L) * BLOCK_L
+    start = split * per_split
+    end = tl.minimum(start + per_split, length)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D)
+    mask_g = offs_g < G
+    heads = kvh * G + offs_g  # [BLOCK_G]
+    q = tl.load(q_ptr + (b * nh + heads)[:, None] * D + offs_d[None, :], mask=mask_g[:, None], other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
+    base = slot * stride_cs + kvh * stride_ch
+    for l0 in range(start, end, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)  # [BLOCK_L]
+        mask_l = offs_l < end
+        kv_off = base + offs_l[:, None] * stride_cl + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=mask_l[:, None], other=0.0)  # [BLOCK_L, D]
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_L]
+        s = tl.where(mask_l[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off, mask=mask_l[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m_i = m_new
+    row = (b * nh + heads) * SPLITS + split  # [BLOCK_G]
+    tl.store(m_ptr + row, m_i, mask=mask_g)
+    tl.store(l_ptr + row, l_i, mask=mask_g)
+    tl.store(acc_ptr + row[:, None] * D + offs_d[None, :], acc, mask=mask_g[:, None])
+
+
+@triton.jit
+def _attn_combine_kernel(
+    m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr
+):
+    row = tl.program_id(0)  # b * NH + h
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D)
+    mask_s = offs_s < SPLITS
+    m = tl.load(m_ptr + row * SPLITS + offs_s, mask=mask_s, other=float("-inf"))
+    l_ = tl.load(l_ptr + row * SPLITS + offs_s, mask=mask_s, other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)  # empty splits weigh nothing
+    acc = tl.load(
+        acc_ptr + (row * SPLITS + offs_s)[:, None] * D + offs_d[None, :], mask=mask_s[:, None], other=0.0
+    )
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_ * w, axis=0)
+    tl.store(out_ptr + row * D + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def attention_splits(max_seq_len: int, rows: int, kv_heads: int, sms: int) -> int:
+    """Splits of the cache per (row, kv head): enough programs to cover the chip, no split
+    shorter than one tile."""
+    splits = 1
+    while splits < 64 and rows * kv_heads * splits < 2 * sms and (splits * 2) * ATTN_BLOCK_L <= max_seq_len:
+        splits *= 2
+    return splits
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    out: torch.Tensor,
+    scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """q [B, nh, D]; attends positions 0..lengths[slots[b]] of the caches [S, nkv, L, D];
+    writes out [B, nh*D]. ``scratch`` = (m, l, acc) float32 [B, nh, splits] / [..., D]."""
+    b, nh, d = q.shape
+    nkv = k_cache.shape[1]
+    m, l_, acc = scratch
+    splits = m.shape[-1]
+    g = nh // nkv
+    _attn_split_kernel[(b * nkv, splits)](
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        m,
+        l_,
+        acc,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_cache.shape[2] - 1,
+        1.0 / math.sqrt(d),
+        NKV=nkv,
+        G=g,
+        BLOCK_G=max(16, triton.next_power_of_2(g)),
+        D=d,
+        SPLITS=splits,
+        BLOCK_L=ATTN_BLOCK_L,
+        num_warps=4,
+    )
+    _attn_combine_kernel[(b * nh,)](
+        m, l_, acc, out, D=d, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=1
+    )
+    return out
