@@ -556,8 +556,9 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
     access_log: list[Access] = attrs.field(factory=list, init=False)
     _types: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
     _revision: int = attrs.field(default=0, init=False)
+    watch_history: int = WATCH_HISTORY
     _history: dict[tuple[str, str, str], collections.deque[tuple[int, str, JSON | None, JSON]]] = attrs.field(
-        factory=lambda: collections.defaultdict(lambda: collections.deque(maxlen=WATCH_HISTORY)), init=False
+        factory=dict, init=False
     )
     _watchers: list[_Watcher] = attrs.field(factory=list, init=False)
 
@@ -864,7 +865,8 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
 
     def _emit(self, rtype: ResourceType, event: str, old: JSON | None, new: JSON) -> None:
         key = (rtype.group, rtype.version, rtype.plural)
-        self._history[key].append((int(new["metadata"]["resourceVersion"]), event, old, new))
+        history = self._history.setdefault(key, collections.deque(maxlen=self.watch_history))
+        history.append((int(new["metadata"]["resourceVersion"]), event, old, new))
         for watcher in self._watchers:
             if watcher.resource == key:
                 watcher.queue.put_nowait((event, old, new))
@@ -1226,7 +1228,7 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
                 since_rv = int(since)
             except ValueError:
                 raise ApiError(400, "BadRequest", f"invalid resourceVersion: {since!r}") from None
-            history = self._history[key]
+            history = self._history.get(key, collections.deque())
             if history and len(history) == history.maxlen and since_rv < history[0][0] - 1:
                 backlog = [
                     (
@@ -1337,7 +1339,7 @@ def _json(payload: Any, *, status: int = 200, warnings: Iterable[str] = ()) -> k
     headers = {"Content-Type": "application/json"}
     warning_list = list(warnings)
     if warning_list:
-        headers["Warning"] = ", ".join(f'299 - "{w}"' for w in warning_list)
+        headers["Warning"] = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warning_list)
     return kmock.Response(status=status, headers=headers, payload=json.dumps(payload).encode())
 
 
