@@ -232,7 +232,6 @@ def serving_deployment(
         "command": command,
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
         "env": env,
-        "resources": {k: v for k, v in resources.items() if v},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},
@@ -242,6 +241,8 @@ def serving_deployment(
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mount.mounts],
         "securityContext": _hardened(),
     }
+    if any(resources.values()):
+        container["resources"] = {k: v for k, v in resources.items() if v}
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -263,6 +264,8 @@ def serving_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": _selector_labels(md, track)},
+            # Never take a ready replica away before its replacement is ready (capacity stays whole).
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"}},
             "template": {
                 "metadata": {
                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, **labels},
