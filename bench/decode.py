@@ -1,0 +1,503 @@
+#!/usr/bin/env python
+"""Batch decode throughput side by side, in one process on one GPU: peers and Polymorph builds.
+
+Engines (the ``engine`` field of each row):
+- ``hf-eager``: HF transformers ``LlamaForCausalLM``, dynamic cache, eager PyTorch;
+- ``hf-compiled``: the same model with a ``StaticCache`` and the decode step under
+  ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (HF's documented recipe);
+- ``compiled-peer``: ``Peer`` below, a gpt-fast-style model written for this benchmark (fused
+  q/k/v and gate/up weights, a static cache, SDPA over the whole cache under a mask, the decode
+  step under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` with inductor's
+  coordinate-descent tuning, as gpt-fast sets it);
+- ``polymorph``: a Polymorph build through its hot path (``new_cache`` / ``prefill`` / ``decode``
+  / ``sample``, as the engine calls it): the reference build with its default knobs, and the
+  reference build with the knobs of ``--knobs`` (the build the campaign found); each row names
+  the build id and knobs.
+
+Every engine decodes the same random weights (one ``LoadedModel`` per shape, shared by
+reference: HF and the peer get views, never copies of the unfused weights). Protocol per row: B
+random prompts of ``--prompt`` tokens are prefilled, ``--warmup`` decode steps run untimed, then
+``--steps`` greedy decode steps are timed with CUDA events; ``tok_s`` = B * steps / seconds.
+Prefill and prepare (capture, compile) are excluded and ``prepare_s`` reports the latter.
+
+Roofline (``hot_vs_cold.decode_bytes_per_step``): bytes one step must read = every weight once
+(an untied input embedding as B rows, a tied one once, as the head) + the KV cache of B rows at
+the mean context; ``roofline_tok_s`` = B * copy bandwidth / those bytes, the bandwidth measured in
+this run by a 1 GiB device-to-device copy. ``roofline_fraction`` = tok_s / roofline_tok_s.
+
+``--profile`` records, for the ``--knobs`` build at batch 1, the top kernels by device time over
+the timed steps (torch.profiler). Rows that fail record their error; rows past ``--budget-s``
+are recorded as skipped, never silently dropped.
+
+Run on the GPU from the source tree: ``PYTHONPATH=operator:engine_image python bench/decode.py
+--json --out bench/results/decode-h200-<date>.json --knobs kv_cache=static,decode_step=fused,...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hot_vs_cold import copy_bandwidth, decode_bytes_per_step  # a sibling script
+
+ENGINES = ("polymorph-reference", "polymorph", "compiled-peer", "hf-eager", "hf-compiled")
+COMPILED = {"compiled-peer", "hf-compiled"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Batch decode tok/s: HF, a compiled peer, Polymorph builds.")
+    p.add_argument("--models", default="llama-1b,llama-8b", help="comma-separated shapes")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument(
+        "--compiled-batches", default="1,8,32", help="batches for the compiled peers (each compiles anew)"
+    )
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--knobs", default="", help="the best build's knobs: name=value,name=value")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only for smoke runs of the script")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, default=1e9, help="skip rows that would start after this")
+    p.add_argument("--profile", action="store_true", help="top kernels of the --knobs build at batch 1")
+    p.add_argument("--out")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def parse_knobs(text: str) -> dict[str, Any]:
+    """``a=static,b=true,c=4`` -> {"a": "static", "b": True, "c": 4}."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, _, raw = item.partition("=")
+        value: Any = raw
+        if raw in ("true", "false"):
+            value = raw == "true"
+        elif raw.lstrip("-").isdigit():
+            value = int(raw)
+        out[name.strip()] = value
+    return out
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+
+def timed_decode(step: Callable[[], None], steps: int, warmup: int) -> float:
+    """Seconds for ``steps`` calls of ``step`` after ``warmup`` untimed ones (CUDA events)."""
+    for _ in range(warmup):
+        step()
+    if not torch.cuda.is_available():  # CPU smoke runs of this script
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return time.perf_counter() - t
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen).to(device)  # [B, S]
+
+
+# --- Polymorph --------------------------------------------------------------------------------
+
+
+def run_polymorph(
+    model: Any, build_dir: Path, knobs: dict[str, Any], batch: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    from polymorph_engine.runtime.loader import load_hotpath
+
+    hotpath, _, resolved = load_hotpath(model, build_dir, knobs)
+    t = time.perf_counter()
+    cache = hotpath.new_cache(batch, args.prompt + args.warmup + args.steps + 8)
+    _sync()
+    prepare_s = time.perf_counter() - t
+    toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, model.device)
+    first = [hotpath.sample(hotpath.prefill(cache, b, toks[b])[None])[0] for b in range(batch)]
+    state = {"tokens": torch.stack(first)}
+    slots = torch.arange(batch)  # on the host, as the scheduler passes them
+
+    def step() -> None:
+        state["tokens"] = hotpath.sample(hotpath.decode(cache, slots, state["tokens"]))
+
+    seconds = timed_decode(step, args.steps, args.warmup)
+    profile = None
+    if args.profile and batch == 1 and knobs:
+        profile = kernel_profile(step, 32)
+    hotpath.close()
+    return {
+        "tok_s": batch * args.steps / seconds,
+        "prepare_s": prepare_s,
+        "knobs": resolved,
+        "profile": profile,
+    }
+
+
+def kernel_profile(step: Callable[[], None], steps: int, top: int = 15) -> dict[str, Any]:
+    """Top kernels by device time over ``steps`` calls of ``step``: per-step microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    total = 0.0
+    for ev in prof.key_averages():
+        us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0))
+        if us <= 0 or ev.key.startswith(("ProfilerStep", "cudaGraph")):
+            continue
+        total += us
+        rows.append((us, ev.key, ev.count))
+    rows.sort(reverse=True)
+    return {
+        "steps": steps,
+        "device_us_per_step": round(total / steps, 1),
+        "top": [
+            {
+                "kernel": k[:120],
+                "us_per_step": round(us / steps, 2),
+                "calls_per_step": c / steps,
+                "share": round(us / total, 4),
+            }
+            for us, k, c in rows[:top]
+        ],
+    }
+
+
+# --- the compiled peer (gpt-fast style) -------------------------------------------------------
+
+
+@dataclass
+class PeerLayer:
+    wqkv: torch.Tensor  # [(nh+2nkv)*D, H]
+    wo: torch.Tensor  # [H, nh*D]
+    w13: torch.Tensor  # [2I, H]
+    w2: torch.Tensor  # [H, I]
+    attn_norm: torch.Tensor  # [H]
+    ffn_norm: torch.Tensor  # [H]
+    k_cache: torch.Tensor  # [B, nkv, S, D]
+    v_cache: torch.Tensor
+
+
+class Peer:
+    """A gpt-fast-style Llama: static cache, fused weights, SDPA over the whole cache under a mask."""
+
+    def __init__(self, model: Any, batch: int, max_seq: int) -> None:
+        c, w = model.config, model.weights
+        self.c, self.nh, self.nkv, self.d = c, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        dev, dt = model.device, model.dtype
+        self.layers = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}"
+            a = f"{p}.self_attn"
+            self.layers.append(
+                PeerLayer(
+                    wqkv=torch.cat([w[f"{a}.{n}_proj.weight"] for n in "qkv"]),
+                    wo=w[f"{a}.o_proj.weight"],
+                    w13=torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]]),
+                    w2=w[f"{p}.mlp.down_proj.weight"],
+                    attn_norm=w[f"{p}.input_layernorm.weight"],
+                    ffn_norm=w[f"{p}.post_attention_layernorm.weight"],
+                    k_cache=torch.zeros(batch, self.nkv, max_seq, self.d, device=dev, dtype=dt),
+                    v_cache=torch.zeros(batch, self.nkv, max_seq, self.d, device=dev, dtype=dt),
+                )
+            )
+        self.embed = w["model.embed_tokens.weight"]
+        self.norm = w["model.norm.weight"]
+        self.head = self.embed if c.tie_word_embeddings else w["lm_head.weight"]
+        from polymorph_engine.runtime.model import rope_inv_freq
+
+        inv = rope_inv_freq(c, dev)  # [D/2]
+        freqs = torch.arange(max_seq, device=dev).float()[:, None] * inv  # [S, D/2]
+        emb = torch.cat([freqs, freqs], -1)
+        self.cos, self.sin = emb.cos().to(dt), emb.sin().to(dt)  # [S, D]
+        self.causal = torch.ones(max_seq, max_seq, dtype=torch.bool, device=dev).tril()
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.c.rms_norm_eps)).to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[pos][None, None], self.sin[pos][None, None]  # [1, 1, T, D]
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T], pos [T] (shared by the rows) -> logits [B, V] of the last position."""
+        b, t = tokens.shape
+        x = self.embed[tokens]  # [B, T, H]
+        mask = self.causal[pos][None, None]  # [1, 1, T, S]
+        for lw in self.layers:
+            qkv = F.linear(self._norm(x, lw.attn_norm), lw.wqkv)
+            q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], -1)
+            q = self._rope(q.view(b, t, self.nh, self.d).transpose(1, 2), pos)
+            k = self._rope(k.view(b, t, self.nkv, self.d).transpose(1, 2), pos)
+            lw.k_cache[:, :, pos] = k
+            lw.v_cache[:, :, pos] = v.view(b, t, self.nkv, self.d).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, lw.k_cache, lw.v_cache, attn_mask=mask, enable_gqa=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(b, t, -1), lw.wo)
+            g, u = F.linear(self._norm(x, lw.ffn_norm), lw.w13).chunk(2, -1)
+            x = x + F.linear(F.silu(g) * u, lw.w2)
+        return (self._norm(x[:, -1], self.norm) @ self.head.T).float()
+
+
+def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    import torch._inductor.config as inductor_config
+
+    max_seq = args.prompt + args.warmup + args.steps + 8
+    peer = Peer(model, batch, max_seq)
+    toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, model.device)
+    with torch.no_grad():
+        first = peer.forward(toks, torch.arange(args.prompt, device=model.device)).argmax(-1)
+        decode = torch.compile(peer.forward, mode="reduce-overhead", fullgraph=True)
+        state = {"tok": first[:, None], "pos": torch.tensor([args.prompt], device=model.device)}
+
+        def step() -> None:
+            state["tok"] = decode(state["tok"], state["pos"]).argmax(-1)[:, None]
+            state["pos"] += 1
+
+        t = time.perf_counter()
+        with inductor_config.patch(**{"coordinate_descent_tuning": True, "triton.unique_kernel_names": True}):
+            for _ in range(3):
+                step()  # compile and record the graph
+        _sync()
+        prepare_s = time.perf_counter() - t
+        seconds = timed_decode(step, args.steps, max(0, args.warmup - 3))
+    return {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+
+
+# --- HF transformers -------------------------------------------------------------------------
+
+
+def hf_model(model: Any) -> Any:
+    """An HF ``LlamaForCausalLM`` whose parameters are the ``LoadedModel``'s tensors (no copies)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    doc = model.config.to_hf(model.dtype)
+    doc.pop("architectures", None)
+    doc.pop("model_type", None)
+    config = LlamaConfig(**doc)
+    with torch.device("meta"):
+        hf = LlamaForCausalLM(config)
+    state = dict(model.weights)
+    if model.config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    hf.load_state_dict(state, strict=False, assign=True)
+    hf.tie_weights()
+    from polymorph_engine.runtime.model import rope_inv_freq
+
+    inv = rope_inv_freq(model.config, model.device)  # [D/2]: the same llama3-scaled frequencies
+    for module in hf.modules():  # the rotary buffers were made on the meta device: fill them
+        for buffer in ("inv_freq", "original_inv_freq"):
+            if isinstance(getattr(module, buffer, None), torch.Tensor):
+                module.register_buffer(buffer, inv.clone(), persistent=False)
+    return hf.eval()
+
+
+def run_hf(model: Any, batch: int, args: argparse.Namespace, compiled: bool) -> dict[str, Any]:
+    from transformers import DynamicCache, StaticCache
+
+    hf = hf_model(model)
+    dev = model.device
+    toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, dev)
+    max_len = args.prompt + args.warmup + args.steps + 8
+    prepare_s = 0.0
+    with torch.no_grad():
+        if compiled:
+            try:
+                cache: Any = StaticCache(config=hf.config, max_batch_size=batch, max_cache_len=max_len)
+            except TypeError:
+                cache = StaticCache(config=hf.config, max_cache_len=max_len)
+        else:
+            cache = DynamicCache()
+        out = hf(
+            input_ids=toks,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.arange(args.prompt, device=dev),
+        )
+        state = {"tok": out.logits[:, -1].argmax(-1)[:, None], "pos": torch.tensor([args.prompt], device=dev)}
+
+        def forward(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            logits = hf(
+                input_ids=tok,
+                position_ids=pos[None].expand(tok.shape[0], 1),
+                cache_position=pos,
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=False,
+            )[0]
+            return logits[:, -1]
+
+        fn = torch.compile(forward, mode="reduce-overhead", fullgraph=True) if compiled else forward
+
+        def step() -> None:
+            state["tok"] = fn(state["tok"], state["pos"]).argmax(-1)[:, None]
+            state["pos"] += 1
+
+        if compiled:
+            t = time.perf_counter()
+            for _ in range(3):
+                step()
+            _sync()
+            prepare_s = time.perf_counter() - t
+        seconds = timed_decode(step, args.steps, max(0, args.warmup - (3 if compiled else 0)))
+    return {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _freed() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from polymorph.builds import REFERENCE_BUILD, knob_variant
+    from polymorph_engine.runtime.checkpoint import load_model
+    from polymorph_engine.runtime.hotreload import build_id_of
+
+    started = time.perf_counter()
+    device = torch.device(args.device)
+    bandwidth = copy_bandwidth(args.device, (1 << 30) if device.type == "cuda" else (64 << 20))
+    knobs = parse_knobs(args.knobs)
+    work = Path(tempfile.mkdtemp(prefix="polymorph-decode-"))
+    best_dir = knob_variant(REFERENCE_BUILD, knobs, work / "best", name="best") if knobs else REFERENCE_BUILD
+    builds = {"polymorph-reference": (REFERENCE_BUILD, {}), "polymorph": (best_dir, knobs)}
+    engines = [e for e in args.engines.split(",") if e]
+    batches = [int(b) for b in args.batches.split(",")]
+    compiled_batches = {int(b) for b in args.compiled_batches.split(",")}
+    rows: list[dict[str, Any]] = []
+    # Batch-major: the batch-1 rows of every model and engine come first, under the budget.
+    for batch in batches:
+        for name in args.models.split(","):
+            model = load_model(name, device=device, dtype=args.dtype, seed=args.seed)
+            elem = torch.empty((), dtype=model.dtype).element_size()
+            for engine in engines:
+                if engine in COMPILED and batch not in compiled_batches:
+                    continue
+                context = args.prompt + args.warmup + args.steps / 2
+                roofline = batch * bandwidth / decode_bytes_per_step(model.config, elem, context, batch)
+                row = _row(engine, name, batch, roofline)
+                if engine in builds:
+                    row["build_id"] = build_id_of(builds[engine][0])
+                    row["build"] = "reference" if engine == "polymorph-reference" else "best"
+                if time.perf_counter() - started > args.budget_s:
+                    row["error"] = f"skipped: past the --budget-s of {args.budget_s:.0f} s"
+                    rows.append(row)
+                    continue
+                t = time.perf_counter()
+                try:
+                    with _freed():
+                        if engine in builds:
+                            got = run_polymorph(model, *builds[engine], batch, args)
+                        elif engine == "compiled-peer":
+                            got = run_peer(model, batch, args)
+                        else:
+                            got = run_hf(model, batch, args, compiled=engine == "hf-compiled")
+                    row.update(got)
+                    row["tok_s"] = round(got["tok_s"], 2)
+                    row["roofline_fraction"] = round(got["tok_s"] / roofline, 4)
+                    row["prepare_s"] = round(got.get("prepare_s", 0.0), 2)
+                except Exception as exc:  # a failing engine is a row with its error, not a lost run
+                    row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+                row["wall_s"] = round(time.perf_counter() - t, 1)
+                if row.get("profile") is None:
+                    row.pop("profile", None)
+                rows.append(row)
+                print(_line(row), file=sys.stderr, flush=True)
+            del model
+            gc.collect()
+            torch.cuda.empty_cache()
+    result = {
+        "rows": rows,
+        "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
+        "protocol": {"prompt": args.prompt, "steps": args.steps, "warmup": args.warmup, "dtype": args.dtype},
+        "device": {
+            "name": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+            "count": torch.cuda.device_count(),
+        },
+        "versions": _versions(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text if args.json else "\n".join(_line(r) for r in rows))
+    return 0
+
+
+def _row(engine: str, model: str, batch: int, roofline: float) -> dict[str, Any]:
+    return {
+        "engine": "polymorph" if engine.startswith("polymorph") else engine,
+        "model": model,
+        "batch": batch,
+        "tok_s": None,
+        "roofline_fraction": None,
+        "roofline_tok_s": round(roofline, 1),
+        "build_id": None,
+        "knobs": None,
+    }
+
+
+def _line(row: dict[str, Any]) -> str:
+    name = row["engine"] + ("" if row.get("build") != "reference" else "(ref)")
+    if row["tok_s"] is None:
+        return f"{row['model']:9} b{row['batch']:<3} {name:18} {row.get('error', '')[:150]}"
+    return (
+        f"{row['model']:9} b{row['batch']:<3} {name:18} {row['tok_s']:9.1f} tok/s "
+        f"{row['roofline_fraction']:6.1%} of {row['roofline_tok_s']:.0f}  prepare {row.get('prepare_s', 0):.1f}s"
+    )
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ("triton", "transformers"):
+        with contextlib.suppress(ImportError):
+            out[pkg] = __import__(pkg).__version__
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
