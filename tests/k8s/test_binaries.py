@@ -6,6 +6,9 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
+from support import k8s_binaries
 from support.k8s_binaries import helm, kubectl
 
 
@@ -27,3 +30,13 @@ def test_concurrent_callers_get_the_same_cached_path() -> None:
     for thread in threads:
         thread.join()
     assert len(set(results)) == 1 and results[0].stat().st_mode & 0o111
+
+
+def test_an_unfetchable_wheel_is_one_clear_sentence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("POLYMORPH_TEST_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    with pytest.raises(
+        k8s_binaries.K8sBinariesUnavailable, match=r"^pip could not download .*; check network"
+    ):
+        k8s_binaries.helm()

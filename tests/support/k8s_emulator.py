@@ -1,7 +1,7 @@
 """A conformant-enough Kubernetes API server for tests: kmock 0.8's emulator with real API semantics.
 
 ``ConformantKubernetesEmulator`` subclasses ``kmock.KubernetesEmulator``. It keeps kmock's DSL (user
-reactions such as ``emulator['get /api/v1/pods'] << 500`` take priority, ``emulator.requests`` records
+reactions such as ``emulator['get /api/v1/pods'] << 500`` take priority, iterating it yields the recorded requests
 every request, ``emulator.objects[res, ns, name].history`` holds every stored version), and replaces its
 storage semantics with what the real kube-apiserver does, so kopf, kubectl and the kubernetes client
 behave as they would against a cluster:
