@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import shlex
@@ -125,7 +126,7 @@ def _save_workload(workload: Any, path: Path) -> None:
 
 
 def _load_workload(path: Path) -> Any:
-    from polymorph_engine.workload import RequestShape, Workload
+    from polymorph.workload import RequestShape, Workload
 
     doc = json.loads(path.read_text())
     return Workload(tuple(RequestShape(*r) for r in doc["requests"]), doc["concurrency"], doc["digest"])
@@ -137,10 +138,10 @@ def cold_child(args: argparse.Namespace) -> int:
     import torch
 
     from polymorph.api import Gates
-    from polymorph_engine.experiment import BenchSettings, run_experiment
-    from polymorph_engine.hotreload import Engine
-    from polymorph_engine.model import load_model
-    from polymorph_engine.verify import Golden
+    from polymorph_engine.experiment.run import BenchSettings, run_experiment
+    from polymorph_engine.experiment.verify import Golden
+    from polymorph_engine.runtime.checkpoint import load_model
+    from polymorph_engine.runtime.hotreload import Engine
 
     _set_threads(args)
     imported = time.perf_counter()
@@ -178,6 +179,23 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
     return 2 * nbytes / best
 
 
+def decode_bytes_per_step(config: Any, elem_bytes: int, context: float, batch: int = 1) -> float:
+    """The fewest bytes one decode step of ``batch`` rows must read: the memory roofline's numerator.
+
+    Every weight once, except the input embedding: a step reads one row of it per sequence, so an
+    untied table counts as ``batch`` rows, and a tied one once, as the head (its rows are then
+    read anyway). Plus each row's KV cache at ``context`` positions (keys and values, all layers).
+    """
+    from polymorph_engine.runtime.checkpoint import weight_shapes
+
+    c = config
+    params = sum(math.prod(shape) for shape in weight_shapes(c).values())
+    if not c.tie_word_embeddings:
+        params -= c.vocab_size * c.hidden_size - batch * c.hidden_size
+    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * context * batch
+    return elem_bytes * (params + kv)
+
+
 def decode_batch1(engine: Any, build: Path, prompt_len: int, steps: int, device: str) -> float:
     """Batch-1 greedy decode tok/s of ``build``: ``steps`` timed steps after a short warm-up."""
     import torch
@@ -213,13 +231,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
 
     from polymorph.api import Gates
-    from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant
-    from polymorph_engine.experiment import DEVICE_SCALE, BenchSettings
-    from polymorph_engine.hotreload import Engine
-    from polymorph_engine.model import load_model, save_checkpoint
-    from polymorph_engine.supervisor import Supervisor
-    from polymorph_engine.verify import default_prompts, golden
-    from polymorph_engine.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
+    from polymorph.builds import REFERENCE_BUILD, knob_variant
+    from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
+    from polymorph_engine.experiment.run import DEVICE_SCALE, BenchSettings
+    from polymorph_engine.experiment.supervisor import Supervisor
+    from polymorph_engine.experiment.verify import default_prompts, golden
+    from polymorph_engine.runtime.checkpoint import load_model, save_checkpoint
+    from polymorph_engine.runtime.hotreload import Engine
 
     _set_threads(args)
     t = time.perf_counter()
@@ -252,17 +270,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     on_cuda = args.device.startswith("cuda")
     bandwidth = copy_bandwidth(args.device, (1 << 30) if on_cuda else (256 << 20))
     prompt_len, steps = (128, args.decode_steps or 128) if on_cuda else (16, args.decode_steps or 32)
-    weight_bytes = model.weights_bytes()
     elem = torch.empty((), dtype=model.dtype).element_size()
-    kv_bytes = (
-        2
-        * config.num_hidden_layers
-        * config.num_key_value_heads
-        * config.head_dim
-        * elem
-        * (prompt_len + steps / 2)
-    )
-    bytes_per_token = weight_bytes + kv_bytes
+    bytes_per_token = decode_bytes_per_step(config, elem, prompt_len + steps / 2)
+    kv_bytes = bytes_per_token - decode_bytes_per_step(config, elem, 0)
+    weight_bytes = int(bytes_per_token - kv_bytes)
     roofline = bandwidth / bytes_per_token
     engine = Engine(model)
     decode = [decode_batch1(engine, build, prompt_len, steps, args.device) for _, build in builds]

@@ -25,7 +25,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from polymorph.store import LocalStore
-from polymorph_engine.workload import parse_trace
+from polymorph.workload import parse_trace
 
 _URL = re.compile(r"on (http://\S+)")
 

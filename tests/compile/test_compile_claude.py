@@ -24,11 +24,11 @@ from fake_anthropic import FakeAnthropic, Reply, error, message, result_text, te
 
 from polymorph.api import Budget, ExperimentRecord, Figures, Verification
 from polymorph.api.common import Histogram, WorkloadProfile
+from polymorph.builds import read_build
+from polymorph.compile.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
+from polymorph.compile.campaign import Campaign, CampaignSettings
+from polymorph.compile.ledger import CampaignPaths
 from polymorph.store import open_store
-from polymorph_engine.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
-from polymorph_engine.buildspec import read_build
-from polymorph_engine.campaign import Campaign, CampaignSettings
-from polymorph_engine.ledger import CampaignPaths
 
 WRONG = '''"""A deliberately wrong build: the reference hot path with negated logits."""
 from .hotpath import load as _load
@@ -227,8 +227,8 @@ def test_persistent_api_failure_ends_the_campaign_cleanly(
         out = _campaign(tmp_path).run(ClaudeAgent(api_key=key, max_retries=2))
     assert len(api.requests) == 3  # the first try and two retries
     assert out.stopReason == "agentError" and "HTTP 529" in out.message and key not in out.message
-    assert out.result["baseline"] is not None and out.result["state"] == "noImprovement"
-    assert out.progress["state"] == "finished"
+    assert out.result.model_dump(mode="json")["baseline"] is not None and out.result.model_dump(mode="json")["state"] == "noImprovement"
+    assert out.progress.model_dump(mode="json")["state"] == "finished"
 
 
 def test_end_turn_without_finish_and_max_tokens_nudge(
@@ -259,7 +259,7 @@ def test_end_turn_without_finish_and_max_tokens_nudge(
     ran, bad_write = tool_results(api.requests[3])
     assert "status: passed" in result_text(ran) and bad_write.get("is_error")
     assert out.stopReason == "finished" and "without calling finish" in out.message
-    assert out.result["state"] == "improved" and out.result["best"]["speedup"] == pytest.approx(2.0)
+    assert out.result.model_dump(mode="json")["state"] == "improved" and out.result.model_dump(mode="json")["best"]["speedup"] == pytest.approx(2.0)
 
 
 def test_token_budget_stops_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +267,7 @@ def test_token_budget_stops_the_agent(tmp_path: Path, monkeypatch: pytest.Monkey
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
         out = _campaign(tmp_path).run(ClaudeAgent(api_key="k", max_tokens=2000))
     assert len(api.requests) == 2 and out.stopReason == "tokens"
-    assert out.progress["tokens"] == {"inputTokens": 2000, "outputTokens": 400}
+    assert out.progress.model_dump(mode="json")["tokens"] == {"inputTokens": 2000, "outputTokens": 400}
 
 
 def test_paths_are_confined_to_the_working_copy(tmp_path: Path) -> None:
@@ -296,7 +296,7 @@ def test_api_key_sources(tmp_path: Path) -> None:
 
 
 def test_compact_elides_old_tool_io_but_keeps_the_shape() -> None:
-    from polymorph_engine.agents.claude import compact
+    from polymorph.compile.agents.claude import compact
 
     big = "y" * 5000
     messages: list[dict[str, Any]] = [{"role": "user", "content": "intro " + big}]

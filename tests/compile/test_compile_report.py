@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
 
 from polymorph.api import ExperimentRecord, Figures, Objective, Verification
-from polymorph_engine.compile_cli import profile_of
-from polymorph_engine.report import Display
-from polymorph_engine.workload import parse_trace
+from polymorph.api.build import TokenUsage
+from polymorph.compile.documents import Counts, Progress, ProgressBudget, Standing
+from polymorph.compile.report import Display
+from polymorph.workload import parse_trace, profile_of
 
 
 class Terminal(io.StringIO):
@@ -31,8 +33,27 @@ def _record(build: str, tps: float, description: str) -> ExperimentRecord:
     )
 
 
-def _progress(n: int) -> dict[str, object]:
-    return {"counts": {"total": n}, "baseline": {"value": 100.0}}
+def _progress(n: int) -> Progress:
+    now = datetime.now(UTC)
+    figures = _record("sha256:" + "a" * 64, 100.0, "baseline").figures
+    assert figures is not None
+    return Progress(
+        sandbox=0,
+        sandboxes=1,
+        agent="search",
+        state="running",
+        stopReason=None,
+        message="",
+        counts=Counts(passed=n, total=n),
+        baseline=Standing(build="sha256:" + "a" * 64, value=100.0, noise=0.0, sandbox=0, figures=figures),
+        best=None,
+        startedAt=now,
+        updatedAt=now,
+        elapsedS=1.0,
+        budget=ProgressBudget(maxExperiments=3, experimentsLeft=3 - n, deadlineS=60.0, secondsLeft=59.0),
+        tokens=TokenUsage(),
+        workloadHash="sha256:" + "c" * 64,
+    )
 
 
 def test_plain_lines_when_not_a_terminal() -> None:

@@ -134,7 +134,7 @@ def test_agent_rejects_a_bad_spec_in_one_sentence(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 2 and "spec.budget.sandboxz" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "spec.budget: unknown field 'sandboxz'" in proc.stderr and "Traceback" not in proc.stderr
     env = dict(os.environ, POLYMORPH_COMPILEJOB=json.dumps(JOB), JOB_COMPLETION_INDEX="2")
     proc = subprocess.run(
         [*POLYMORPH, "sandbox", "agent", "--store", str(tmp_path / "s")],
@@ -146,18 +146,6 @@ def test_agent_rejects_a_bad_spec_in_one_sentence(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "sandbox index" in proc.stderr
 
 
-def test_the_agent_side_never_imports_torch() -> None:
-    code = (
-        "import sys\n"
-        "import polymorph_engine.sandbox, polymorph_engine.campaign, polymorph_engine.report\n"
-        "from polymorph_engine.admin import RemoteRunner\n"
-        "from polymorph_engine.agents.search import SearchAgent\n"
-        "from polymorph_engine.agents.claude import ClaudeAgent\n"
-        "from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant, read_build\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.slow

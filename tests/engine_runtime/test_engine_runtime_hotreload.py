@@ -11,16 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_runtime_builds import patched_build, sensitive_model, wrapping_build
+from engine_support.builds import patched_build, sensitive_model, wrapping_build
 
 from polymorph.api import Gates
+from polymorph.builds import REFERENCE_BUILD, knob_variant
 from polymorph.errors import BuildError
 from polymorph.store import build_id
-from polymorph_engine.buildspec import REFERENCE_BUILD, knob_variant
-from polymorph_engine.hotreload import Engine
-from polymorph_engine.model import SHAPES, LoadedModel, load_model, weight_shapes
-from polymorph_engine.tokenizer import ByteTokenizer
-from polymorph_engine.verify import default_prompts, golden, verify
+from polymorph_engine.experiment.verify import default_prompts, golden, verify
+from polymorph_engine.runtime.checkpoint import load_model, weight_shapes
+from polymorph_engine.runtime.config import SHAPES
+from polymorph_engine.runtime.hotreload import Engine
+from polymorph_engine.runtime.model import LoadedModel
+from polymorph_engine.runtime.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

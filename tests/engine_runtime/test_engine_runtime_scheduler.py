@@ -8,12 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from engine_runtime_builds import sensitive_model
+from engine_support.builds import sensitive_model
 
-from polymorph_engine.buildspec import REFERENCE_BUILD, load_hotpath
-from polymorph_engine.hotpath import HotPath
-from polymorph_engine.model import LoadedModel, forward
-from polymorph_engine.scheduler import Request, Scheduler
+from polymorph.builds import REFERENCE_BUILD
+from polymorph_engine.runtime.hotpath import HotPath
+from polymorph_engine.runtime.loader import load_hotpath
+from polymorph_engine.runtime.model import LoadedModel, forward
+from polymorph_engine.runtime.scheduler import Request, Scheduler
 
 
 @pytest.fixture(scope="module")

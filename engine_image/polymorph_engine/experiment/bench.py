@@ -1,0 +1,153 @@
+"""Benchmark: replay a workload through the scheduler and report ``polymorph.api.Figures``.
+
+Owns: turning request shapes into prompts (random token ids from a seed: content never
+matters), the replay loop, timing, and the statistics.
+
+Protocol, identical for every build so figures compare:
+- ``warmup`` full unmeasured passes, then ``repeats`` measured passes, each with a fresh
+  ``Scheduler`` (and so a fresh KV cache) whose batch size is the workload's concurrency.
+- Requests are admitted when the pass clock reaches their arrival offset (all at 0 for
+  profile workloads, so at most ``concurrency`` run at once). When nothing runs and the next
+  arrival is in the future, the clock skips ahead instead of sleeping: idle time is not
+  measured. No request stops early (no EOS), so every pass generates the same tokens.
+- A token's time is the end of the scheduler step that produced it (each step ends with a
+  device sync: the sampled tokens are read back). TTFT = first token time - arrival;
+  ITL = gaps between a request's consecutive tokens.
+- outputTokensPerSecond = generated tokens / pass duration; totalTokensPerSecond counts
+  prompt tokens too. Both are the median over repeats; ``repeats`` lists the per-pass
+  output tok/s and ``noise`` = (max - min) / median of them. TTFT and ITL percentiles pool
+  every measured pass.
+
+It knows nothing about builds, verification or processes.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from polymorph.api import Figures
+from polymorph.workload import Workload
+from polymorph_engine.runtime.hotpath import HotPath
+from polymorph_engine.runtime.scheduler import Request, Scheduler
+
+__all__ = ["PassResult", "benchmark", "figures_of", "make_prompts", "percentile", "replay"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def make_prompts(workload: Workload, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """One prompt of random token ids per request; the same seed gives the same prompts."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab_size) for _ in range(r.input_tokens)] for r in workload.requests]
+
+
+@dataclass
+class PassResult:
+    """One replay of a workload."""
+
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)
+
+
+def replay(
+    hotpath: HotPath,
+    workload: Workload,
+    prompts: list[list[int]],
+    *,
+    device: torch.device | str = "cpu",
+    clock: Callable[[], float] = time.perf_counter,
+) -> PassResult:
+    """Run every request of ``workload`` once through a fresh scheduler and time it."""
+    max_seq_len = workload.max_tokens
+    scheduler = Scheduler(hotpath, workload.concurrency, max_seq_len, eos_id=None, device=device)
+    pending = deque(sorted(zip(workload.requests, prompts, strict=True), key=lambda rp: rp[0].arrival_s))
+    arrival: dict[Request, float] = {}
+    last: dict[Request, float] = {}
+    result = PassResult(0.0, sum(len(p) for p in prompts), 0)
+    skipped = 0.0
+    start = clock()
+    try:
+        while pending or scheduler.has_work():
+            now = clock() - start + skipped
+            while pending and pending[0][0].arrival_s <= now:
+                shape, prompt = pending.popleft()
+                request = Request(prompt=prompt, max_new_tokens=shape.output_tokens, stop_at_eos=False)
+                arrival[request] = shape.arrival_s
+                scheduler.add(request)
+            if not scheduler.has_work():
+                skipped += pending[0][0].arrival_s - now  # idle until the next arrival: jump there
+                continue
+            events = scheduler.step()
+            now = clock() - start + skipped
+            for request, _token in events:
+                if request in last:
+                    result.itl_s.append(now - last[request])
+                else:
+                    result.ttft_s.append(now - arrival[request])
+                last[request] = now
+                result.output_tokens += 1
+        result.duration_s = clock() - start  # busy time only: idle gaps were jumped, not slept
+    finally:
+        scheduler.close()
+    return result
+
+
+def benchmark(
+    hotpath: HotPath,
+    workload: Workload,
+    repeats: int = 3,
+    warmup: int = 1,
+    *,
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Figures:
+    """Figures for ``hotpath`` on ``workload`` (see the module docstring for the protocol)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    prompts = make_prompts(workload, vocab_size, seed)
+    for _ in range(warmup):
+        replay(hotpath, workload, prompts, device=device, clock=clock)
+    passes = [replay(hotpath, workload, prompts, device=device, clock=clock) for _ in range(repeats)]
+    return figures_of(passes)
+
+
+def figures_of(passes: Sequence[PassResult]) -> Figures:
+    """Aggregate measured passes into ``Figures``."""
+    output_tps = [p.output_tokens / max(p.duration_s, 1e-9) for p in passes]
+    total_tps = [(p.input_tokens + p.output_tokens) / max(p.duration_s, 1e-9) for p in passes]
+    median = statistics.median(output_tps)
+    ttft = [t for p in passes for t in p.ttft_s]
+    itl = [t for p in passes for t in p.itl_s]
+    return Figures(
+        outputTokensPerSecond=median,
+        totalTokensPerSecond=statistics.median(total_tps),
+        ttftP50Ms=percentile(ttft, 50) * 1e3,
+        ttftP95Ms=percentile(ttft, 95) * 1e3,
+        itlP50Ms=percentile(itl, 50) * 1e3,
+        itlP95Ms=percentile(itl, 95) * 1e3,
+        noise=(max(output_tps) - min(output_tps)) / median if median > 0 else 0.0,
+        repeats=output_tps,
+    )

@@ -1,0 +1,231 @@
+"""``polymorph experiment``: run builds through verification and benchmark in ONE hot engine.
+
+Every ``--build`` (a directory, ``reference``, or a ``sha256:`` id fetched from ``--store`` and
+hash-verified) runs in order in one supervised worker (``supervisor.Supervisor``), which loads
+the weights once. ``--knob name=value`` runs a variant of each build with those knob defaults.
+Output: one ``ExperimentRecord`` JSON per line with ``--json`` (printed as each experiment
+ends), else a table. Exit status: 0 when every build passed, 1 when any did not, 2 for bad
+input (one sentence naming the flag or file, never a traceback).
+
+It knows nothing about agents or Kubernetes; it only gathers inputs, calls the supervisor and
+prints what comes back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from polymorph.errors import BuildError, UsageError
+
+if TYPE_CHECKING:
+    from polymorph.api import ExperimentRecord
+    from polymorph_engine.experiment.supervisor import SupervisorStats
+
+__all__ = ["configure", "run"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "exit status: 0 when every build passed, 1 when any did not, 2 for bad input"
+    parser.add_argument(
+        "--model", default="tiny", help="model shape (tiny, llama-1b, llama-8b, ...) or checkpoint dir"
+    )
+    parser.add_argument(
+        "--build",
+        action="append",
+        required=True,
+        metavar="DIR_OR_ID",
+        help="a build directory, 'reference', or a build id sha256:<hex> from --store; repeat to run several",
+    )
+    parser.add_argument(
+        "--knob", action="append", default=[], metavar="NAME=VALUE", help="run variants with this knob"
+    )
+    parser.add_argument(
+        "--workload", metavar="FILE", help="a WorkloadProfile YAML/JSON or a .jsonl trace (default: sample)"
+    )
+    parser.add_argument(
+        "--experiment-timeout", default="600", metavar="S", help="seconds (or 30s, 10m) per experiment"
+    )
+    parser.add_argument(
+        "--store", metavar="PATH_OR_URI", help="artifact store for build ids (default: $POLYMORPH_STORE)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="measured benchmark passes per build (default 3)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured warm-up passes per build (default 1)"
+    )
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads for torch in the worker (default: torch's choice)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for random weights, workload and prompts")
+    parser.add_argument("--json", action="store_true", help="print one ExperimentRecord JSON per line")
+
+
+def _timeout(text: str) -> float:
+    from polymorph.api import parse_duration
+
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            value = parse_duration(text)
+        except ValueError:
+            raise UsageError(
+                f"--experiment-timeout must be seconds (e.g. 600) or a duration like 10m; got {text!r}."
+            ) from None
+    if not value > 0:
+        raise UsageError(f"--experiment-timeout must be > 0 seconds; got {text!r}.")
+    return value
+
+
+def _knobs(items: list[str]) -> dict[str, str]:
+    knobs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UsageError(f"--knob must look like name=value (e.g. kv_cache=static); got {item!r}.")
+        knobs[name.strip()] = value.strip()
+    return knobs
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"--device must be cpu or cuda[:N]; got {text!r}.") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be cpu or cuda[:N]; got {text!r}.")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but no CUDA device is visible to torch here.")
+    return text
+
+
+def _model(source: str) -> str:
+    from polymorph_engine.runtime.config import SHAPES
+
+    if source not in SHAPES and not Path(source).is_dir():
+        raise UsageError(
+            f"--model must be a shape ({', '.join(SHAPES)}) or a checkpoint directory; got {source!r}."
+        )
+    return source
+
+
+def _resolve_build(arg: str, store_uri: str | None, cache: Path) -> Path:
+    from polymorph.builds import resolve_build_arg
+    from polymorph.store import open_store
+
+    return resolve_build_arg(arg, "--build", lambda: open_store(store_uri), cache)
+
+
+@contextmanager
+def _workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="polymorph-experiment-") as tmp:
+        yield Path(tmp)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polymorph.builds import knob_variant
+    from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
+    from polymorph_engine.experiment.run import BenchSettings
+    from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
+    from polymorph_engine.runtime.config import parse_dtype
+
+    timeout = _timeout(args.experiment_timeout)
+    knobs = _knobs(args.knob)
+    device = _device(args.device)
+    parse_dtype(args.dtype)  # a UsageError names the allowed values
+    model = _model(args.model)
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1; got {args.repeats}.")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1; got {args.threads}.")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0; got {args.warmup}.")
+    workload = (
+        load_workload(args.workload, seed=args.seed)
+        if args.workload
+        else workload_from_profile(DEFAULT_WORKLOAD, seed=args.seed)
+    )
+    records: list[ExperimentRecord] = []
+    with _workdir() as work:
+        builds = [_resolve_build(arg, args.store, work / "store-cache") for arg in args.build]
+        if knobs:
+            try:
+                builds = [knob_variant(b, knobs, work / f"variant-{i}") for i, b in enumerate(builds)]
+            except BuildError as exc:
+                raise UsageError(f"--knob: {exc}") from None
+        settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+        supervisor = Supervisor(
+            model,
+            device,
+            args.dtype,
+            workload,
+            experiment_timeout=timeout,
+            seed=args.seed,
+            settings=settings,
+            threads=args.threads,
+        )
+        try:
+            with supervisor:
+                for build in builds:
+                    record = supervisor.run(build)
+                    records.append(record)
+                    if args.json:
+                        print(record.model_dump_json(), flush=True)
+        except WorkerStartError as exc:
+            raise UsageError(str(exc)) from None
+    if not args.json:
+        _print_table(records, supervisor.stats)
+    return 0 if all(r.status == "passed" for r in records) else 1
+
+
+def _print_table(records: list[ExperimentRecord], stats: SupervisorStats) -> None:
+    """A plain fixed-width table (it survives pipes, logs and narrow terminals)."""
+    header = (
+        "build",
+        "name",
+        "status",
+        "agree",
+        "logit err",
+        "out tok/s",
+        "noise",
+        "ttft p50",
+        "itl p50",
+        "time s",
+    )
+    rows = [header]
+    for r in records:
+        v, f = r.verification, r.figures
+        rows.append(
+            (
+                r.build[:15] or "-",
+                r.name or "-",
+                r.status,
+                f"{v.tokenAgreement:.3f}" if v else "-",
+                f"{v.logitError:.1e}" if v else "-",
+                f"{f.outputTokensPerSecond:.1f}" if f else "-",
+                f"{f.noise:.0%}" if f else "-",
+                f"{f.ttftP50Ms:.2f}ms" if f else "-",
+                f"{f.itlP50Ms:.2f}ms" if f else "-",
+                f"{r.timings.totalS:.3f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for r in records:
+        if r.error:
+            print(f"{r.build[:15]} {r.status}: {r.error}")
+    print(
+        f"worker starts: {stats.starts} ({stats.mean_load_s:.2f} s each); "
+        f"experiments: {stats.experiments} ({stats.mean_experiment_s:.3f} s each)"
+    )

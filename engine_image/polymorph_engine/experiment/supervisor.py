@@ -1,0 +1,349 @@
+"""Crash containment: experiments run in a supervised child process that holds the model.
+
+``Supervisor(model_source, device, dtype, workload, gates, experiment_timeout, ...)`` is an
+``ExperimentRunner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
+the weights once, computes the golden outputs from the reference build, and then runs one
+experiment per request over a pipe (``experiment.run_experiment`` in a hot ``Engine``).
+
+Outcomes the parent records itself, since the child cannot:
+- the child dies during an experiment (``os._exit``, a segfault, an OOM kill) -> ``crashed``,
+  with the exit code or signal in ``error``;
+- no answer within ``experiment_timeout`` seconds (a hang) -> ``timeout``; the child is killed.
+In both cases the next ``run`` starts a fresh worker (reloading the weights) before it runs,
+and ``stats.restarts`` counts it. Exceptions and failed gates are recorded by the child
+(``failed`` / ``rejected``) and the worker stays hot. The worker's stdout is sent to stderr,
+so a chatty build cannot corrupt a caller's ``--json`` output.
+
+``stats`` tells the compile report what hot swapping saved: each worker start's seconds
+(spawn, imports, weights, golden: the cold cost) next to each experiment's seconds.
+Use as a context manager, or call ``close()``. One thread drives a Supervisor.
+
+It knows nothing about agents, stores or the CLI, and never imports a build in the parent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from polymorph.api import ExperimentRecord, Gates, WorkloadProfile
+from polymorph.api.build import Timings
+from polymorph.errors import UsageError
+from polymorph.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
+from polymorph_engine.experiment.run import BenchSettings
+
+__all__ = ["Supervisor", "SupervisorStats", "WorkerStartError"]
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not load the model (bad source, device or dtype); the message says why."""
+
+
+@dataclass
+class SupervisorStats:
+    """What the supervisor spent: worker starts (cold cost) versus experiments (hot cost)."""
+
+    starts: int = 0
+    restarts: int = 0
+    """Starts after the first, each caused by a crash or timeout."""
+    load_seconds: list[float] = field(default_factory=list)
+    """Wall seconds of each worker start: spawn, imports, device init, weights, golden outputs."""
+    experiment_seconds: list[float] = field(default_factory=list)
+    """Wall seconds of each experiment seen from the parent (the pipe round trip included)."""
+    crashes: int = 0
+    timeouts: int = 0
+
+    @property
+    def experiments(self) -> int:
+        return len(self.experiment_seconds)
+
+    @property
+    def mean_load_s(self) -> float:
+        return sum(self.load_seconds) / len(self.load_seconds) if self.load_seconds else 0.0
+
+    @property
+    def mean_experiment_s(self) -> float:
+        return sum(self.experiment_seconds) / len(self.experiment_seconds) if self.experiment_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class _WorkerConfig:
+    model_source: str
+    device: str
+    dtype: str
+    seed: int
+    workload: Workload
+    gates: dict[str, Any]
+    settings: BenchSettings
+    verify_prompts: int
+    verify_steps: int
+    fit: bool
+    threads: int | None
+
+
+def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
+    """The child: load once, then answer ("run", dir, description) messages until ("stop",)."""
+    os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
+    try:
+        started = time.perf_counter()
+        import torch
+
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        from polymorph_engine.experiment.run import fit_for_device, run_experiment, vocab_size_of
+        from polymorph_engine.experiment.verify import default_prompts, golden
+        from polymorph_engine.runtime.checkpoint import load_model
+        from polymorph_engine.runtime.hotreload import Engine
+
+        model = load_model(config.model_source, device=config.device, dtype=config.dtype, seed=config.seed)
+        max_seq_len = model.config.max_position_embeddings
+        workload = (
+            fit_for_device(config.workload, config.device, max_seq_len) if config.fit else config.workload
+        )
+        prompts = default_prompts(vocab_size_of(model), config.verify_prompts)
+        reference = golden(model, prompts, config.verify_steps)
+        engine = Engine(model)
+        gates = Gates.model_validate(config.gates)
+        conn.send(("ready", time.perf_counter() - started))
+    except UsageError as exc:  # a bad model source, device or dtype: already one sentence
+        conn.send(("error", str(exc)))
+        return
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent went away
+        if message[0] != "run":
+            engine.close()
+            return
+        _, build_dir, description = message
+        record = run_experiment(
+            engine, build_dir, workload, gates, reference, description=description, settings=config.settings
+        )
+        conn.send(("record", record.model_dump_json()))
+
+
+def _death_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "the worker stopped answering"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"the worker process was killed by {name}"
+    return f"the worker process exited with code {exitcode}"
+
+
+class Supervisor:
+    """An ``ExperimentRunner`` that contains crashes and hangs in a restartable worker process.
+
+    Arguments:
+        model_source: a model shape name (``tiny``, ``llama-1b``, ``llama-8b``) or a checkpoint
+            directory, as ``polymorph_engine.runtime.checkpoint.load_model`` takes it.
+        device, dtype: where and how the worker loads the model.
+        workload: the benchmark workload (a ``Workload`` or a ``WorkloadProfile``; default
+            ``DEFAULT_WORKLOAD``), scaled for the device by ``fit_for_device`` unless ``fit`` is False.
+        gates: verification gates (default ``Gates()``).
+        experiment_timeout: seconds one experiment may take before it is recorded as ``timeout``.
+        start_timeout: seconds a worker start may take (None: no limit).
+        settings: benchmark repeats, warm-up passes and prompt seed.
+        verify_prompts, verify_steps: the size of the golden set (P prompts, K steps).
+        threads: CPU threads the worker's torch may use (None: torch's default). One thread
+            keeps a tiny CPU model's timings steady on a shared machine.
+    """
+
+    def __init__(
+        self,
+        model_source: str | Path,
+        device: str = "cpu",
+        dtype: str = "float32",
+        workload: Workload | WorkloadProfile | None = None,
+        gates: Gates | None = None,
+        experiment_timeout: float = 600.0,
+        *,
+        seed: int = 0,
+        settings: BenchSettings = BenchSettings(),
+        verify_prompts: int = 4,
+        verify_steps: int = 16,
+        start_timeout: float | None = None,
+        fit: bool = True,
+        threads: int | None = None,
+    ) -> None:
+        if experiment_timeout <= 0:
+            raise ValueError(f"experiment_timeout must be > 0 seconds, got {experiment_timeout}")
+        if workload is None:
+            workload = DEFAULT_WORKLOAD
+        if isinstance(workload, WorkloadProfile):
+            workload = workload_from_profile(workload, seed=seed)
+        self.workload = workload
+        self.gates = gates or Gates()
+        self.experiment_timeout = float(experiment_timeout)
+        self.start_timeout = start_timeout
+        self._config = _WorkerConfig(
+            model_source=str(model_source),
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            workload=workload,
+            gates=self.gates.model_dump(),
+            settings=settings,
+            verify_prompts=verify_prompts,
+            verify_steps=verify_steps,
+            fit=fit,
+            threads=threads,
+        )
+        self.stats = SupervisorStats()
+        self._ctx = mp.get_context("spawn")
+        self._process: Any = None
+        self._conn: Connection | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Supervisor:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def start(self) -> float:
+        """Start the worker if none is running; return the seconds it took (0.0 if already up)."""
+        if self.alive:
+            return 0.0
+        self._kill()
+        started = time.perf_counter()
+        parent_conn, child_conn = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=_worker_main, args=(child_conn, self._config), name="polymorph-worker", daemon=True
+        )
+        process.start()
+        child_conn.close()
+        self._process, self._conn = process, parent_conn
+        deadline = None if self.start_timeout is None else started + self.start_timeout
+        message = self._receive(deadline)
+        if message is None or message[0] != "ready":
+            reason = (
+                message[1]
+                if message is not None and message[0] == "error"
+                else _death_reason(process.exitcode)
+            )
+            self._kill()
+            raise WorkerStartError(
+                f"the engine worker could not load model {self._config.model_source!r}: {reason}"
+            )
+        seconds = time.perf_counter() - started
+        if self.stats.starts:
+            self.stats.restarts += 1
+        self.stats.starts += 1
+        self.stats.load_seconds.append(seconds)
+        return seconds
+
+    def close(self) -> None:
+        """Stop the worker (politely, then by force)."""
+        if self._conn is not None and self.alive:
+            try:
+                self._conn.send(("stop",))
+                self._process.join(timeout=10)
+            except (OSError, BrokenPipeError):
+                pass
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join()
+            self._process.close()
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+    def _receive(self, deadline: float | None) -> tuple[Any, ...] | None:
+        """The worker's next message; None if it died (then it is reaped) or the deadline passed first."""
+        assert self._conn is not None and self._process is not None
+        remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        ready = wait([self._conn, self._process.sentinel], timeout=remaining)
+        if self._conn in ready:
+            try:
+                return tuple(self._conn.recv())
+            except (EOFError, OSError):
+                pass
+        if ready:
+            self._process.join(timeout=10)  # it closed the pipe or exited: collect its exit code
+        return None
+
+    # -- experiments -------------------------------------------------------------------------
+
+    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+        """Run ``build_dir`` in the hot worker; crashes and hangs become records, never exceptions.
+
+        Raises ``WorkerStartError`` only if a (re)start cannot load the model at all.
+        """
+        build_dir = Path(build_dir).resolve()
+        self.start()
+        assert self._conn is not None
+        started = time.perf_counter()
+        try:
+            self._conn.send(("run", str(build_dir), description))
+            message = self._receive(started + self.experiment_timeout)
+        except (BrokenPipeError, OSError):
+            message = None
+        elapsed = time.perf_counter() - started
+        self.stats.experiment_seconds.append(elapsed)
+        if message is not None and message[0] == "record":
+            return ExperimentRecord.model_validate_json(message[1])
+        if self._process is not None and self._process.exitcode is None:
+            self.stats.timeouts += 1
+            status, error = (
+                "timeout",
+                f"the experiment ran past the {self.experiment_timeout:g} s timeout; the worker was killed",
+            )
+        else:
+            self.stats.crashes += 1
+            exitcode = self._process.exitcode if self._process is not None else None
+            status, error = "crashed", _death_reason(exitcode)
+        self._kill()
+        return self._outside_record(build_dir, status, error + " and will be restarted", description, elapsed)
+
+    def _outside_record(
+        self, build_dir: Path, status: str, error: str, description: str, elapsed: float
+    ) -> ExperimentRecord:
+        """A record written by the parent for an experiment whose worker died or hung."""
+        from polymorph_engine.runtime.hotreload import build_id_of
+
+        record = ExperimentRecord(
+            build="",
+            status=status,
+            workloadHash=self.workload.digest,
+            description=description,
+            error=error,
+            timings=Timings(totalS=elapsed),
+        )
+        try:
+            from polymorph.builds import read_build
+
+            record.build = build_id_of(build_dir)
+            spec = read_build(build_dir)
+            record.name = str(spec.name)
+            record.parent = None if spec.parent is None else str(spec.parent)
+            record.knobs = {name: knob.default for name, knob in spec.knobs.items()}
+        except Exception:
+            pass  # the worker's death is the story; a malformed build dir adds nothing
+        return record

@@ -1,0 +1,105 @@
+"""``polymorph sandbox engine``: the untrusted container of a CompileJob sandbox pod.
+
+It runs agent-written builds and needs no secrets: it loads the model once into a supervised
+worker (``experiment.supervisor.Supervisor``) and serves the admin API
+(``sandbox.admin.serve_admin``) on 127.0.0.1 only, until SIGTERM. The workload, gates and
+experiment timeout come from the CompileJob spec (read by ``polymorph.compile.job``, as the agent
+container reads it); the model from ``--model`` or ``spec.model``.
+
+It only gathers inputs and wires the supervisor and the admin server together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from polymorph.api import parse_duration
+from polymorph.compile.job import SPEC_ENV, read_compilejob, workload_identity
+from polymorph.errors import UsageError
+from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
+from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
+from polymorph_engine.sandbox.admin import serve_admin
+
+__all__ = ["DEFAULT_PORT", "configure", "run"]
+
+DEFAULT_PORT = 8471
+"""The admin port on 127.0.0.1 (``polymorph sandbox agent --engine-url`` defaults to it)."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", metavar="FILE", help=f"the CompileJob, JSON or YAML (default ${SPEC_ENV})")
+    parser.add_argument("--model", help="model shape or checkpoint dir (default: spec.model.uri)")
+    parser.add_argument("--workload", metavar="FILE", help="workload file overriding spec.workload")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"admin port on 127.0.0.1 (default {DEFAULT_PORT})"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    parser.add_argument(
+        "--dtype", help="float32, bfloat16 or float16 (default: spec.model.dtype, else float32)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="measured benchmark passes per experiment (default 5)"
+    )
+    parser.add_argument("--workdir", metavar="DIR", help="writable scratch folder for unpacked builds")
+
+
+def run(args: argparse.Namespace) -> int:
+
+    spec, _ = read_compilejob(args.spec)
+    model = args.model or (spec.model.uri if spec.model is not None else None)
+    if not model:
+        raise UsageError("the engine needs a model: pass --model, or give the CompileJob spec.model")
+    dtype = args.dtype or (spec.model.dtype if spec.model is not None else "float32")
+    if args.workload:
+        workload = load_workload(args.workload)
+    elif spec.workload is not None and spec.workload.traceUri:
+        if "://" in spec.workload.traceUri:
+            raise UsageError(
+                f"the engine cannot fetch spec.workload.traceUri {spec.workload.traceUri!r} (it holds no credentials); "
+                "mount the trace and pass --workload"
+            )
+        workload = load_workload(spec.workload.traceUri)
+    else:
+        profile, _ = workload_identity(spec)
+        workload = workload_from_profile(profile or DEFAULT_WORKLOAD)  # profile is None only for traces
+    if args.repeats < 2:
+        raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
+    supervisor = Supervisor(
+        model,
+        device=args.device,
+        dtype=dtype,
+        workload=workload,
+        gates=spec.gates,
+        experiment_timeout=parse_duration(spec.budget.experimentTimeout),
+        settings=BenchSettings(repeats=args.repeats),
+    )
+    try:
+        supervisor.start()
+    except WorkerStartError as exc:
+        raise UsageError(str(exc)) from None
+    workdir = Path(args.workdir) if args.workdir else None
+    try:
+        server = serve_admin(supervisor, "127.0.0.1", args.port, workdir=workdir)
+        stop = threading.Event()
+
+        def _stop(signum: int, _frame: FrameType | None) -> None:
+            stop.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, _stop)
+        print(
+            f"polymorph sandbox engine: admin API on http://127.0.0.1:{args.port}",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.serve_forever()
+        server.server_close()
+    finally:
+        supervisor.close()
+    return 0

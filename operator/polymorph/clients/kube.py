@@ -1,0 +1,199 @@
+"""The Kubernetes seam: get, list, create, merge-patch and delete any object, by kind, over REST.
+
+Owns: ``Kind`` (an apiVersion and plural), the kinds the operator touches, ``Kube`` (the
+protocol handlers use), ``KubeClient`` (the real one, over the kubernetes package's
+configuration and connection pool: ``$KUBECONFIG`` or the in-cluster service account),
+``apply`` (create, or merge-patch only what differs, so a reconcile that changes nothing
+writes nothing), and ``KubeError`` with the API server's message.
+
+The calls block; handlers run them with ``asyncio.to_thread``. It knows nothing about what
+the objects mean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import kubernetes
+import urllib3
+
+__all__ = [
+    "COMPILEJOBS",
+    "CONFIGMAPS",
+    "DEPLOYMENTS",
+    "JOBS",
+    "MODELDEPLOYMENTS",
+    "SERVICES",
+    "Kind",
+    "Kube",
+    "KubeClient",
+    "KubeError",
+    "apply",
+    "contains",
+    "load_configuration",
+]
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    plural: str
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}" if namespace else f"{root}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+
+DEPLOYMENTS = Kind("apps/v1", "deployments")
+SERVICES = Kind("v1", "services")
+CONFIGMAPS = Kind("v1", "configmaps")
+JOBS = Kind("batch/v1", "jobs")
+MODELDEPLOYMENTS = Kind("polymorph.dev/v1alpha1", "modeldeployments")
+COMPILEJOBS = Kind("polymorph.dev/v1alpha1", "compilejobs")
+
+
+class KubeError(Exception):
+    """The API server refused a request; ``status`` is its HTTP code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Kube(Protocol):
+    def get(self, kind: Kind, namespace: str, name: str) -> JSON | None: ...
+
+    def list(self, kind: Kind, namespace: str | None, labels: dict[str, str] | None = None) -> list[JSON]: ...
+
+    def create(self, kind: Kind, namespace: str, body: JSON) -> JSON: ...
+
+    def patch(
+        self, kind: Kind, namespace: str, name: str, patch: JSON, subresource: str | None = None
+    ) -> JSON: ...
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> bool: ...
+
+
+def load_configuration() -> kubernetes.client.Configuration:
+    """``$KUBECONFIG`` (or ~/.kube/config) when present, else the in-cluster service account."""
+    config = kubernetes.client.Configuration()
+    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if os.path.exists(path.split(os.pathsep)[0]):
+        kubernetes.config.load_kube_config(config_file=path.split(os.pathsep)[0], client_configuration=config)
+    else:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    return config
+
+
+class KubeClient:
+    """Blocking REST calls through the kubernetes package's ApiClient (auth, TLS, pooling)."""
+
+    def __init__(
+        self, configuration: kubernetes.client.Configuration | None = None, timeout: float = 30.0
+    ) -> None:
+        self._api = kubernetes.client.ApiClient(configuration or load_configuration())
+        self._timeout = timeout
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, _, _ = self._api.param_serialize(
+            method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
+        )
+        data = None if body is None else json.dumps(body)
+        try:
+            response = self._api.call_api(
+                method, url, header_params=headers, body=data, _request_timeout=self._timeout
+            )
+            response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(0, f"the Kubernetes API is unreachable: {type(exc).__name__}: {exc}") from None
+        raw = response.data or b"{}"
+        if response.status >= 400:
+            try:
+                message = json.loads(raw).get("message", "")
+            except ValueError:
+                message = raw.decode(errors="replace")[:300]
+            raise KubeError(response.status, f"{method} {path}: {response.status} {message}")
+        return json.loads(raw)
+
+    def get(self, kind: Kind, namespace: str, name: str) -> JSON | None:
+        try:
+            result: JSON = self._call("GET", kind.path(namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    def list(self, kind: Kind, namespace: str | None, labels: dict[str, str] | None = None) -> list[JSON]:
+        path = kind.path(namespace)
+        if labels:
+            path += "?" + urlencode(
+                {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))}
+            )
+        items: list[JSON] = self._call("GET", path).get("items") or []
+        return items
+
+    def create(self, kind: Kind, namespace: str, body: JSON) -> JSON:
+        result: JSON = self._call("POST", kind.path(namespace), body)
+        return result
+
+    def patch(
+        self, kind: Kind, namespace: str, name: str, patch: JSON, subresource: str | None = None
+    ) -> JSON:
+        path = kind.path(namespace, name, subresource)
+        result: JSON = self._call("PATCH", path, patch, "application/merge-patch+json")
+        return result
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> bool:
+        try:
+            self._call("DELETE", kind.path(namespace, name), {"propagationPolicy": "Background"})
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+def contains(actual: Any, wanted: Any) -> bool:
+    """Whether ``actual`` already has everything ``wanted`` says (extra server-set fields are fine)."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(contains(actual.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    if isinstance(wanted, int | float) and isinstance(actual, int | float) and not isinstance(wanted, bool):
+        return float(actual) == float(wanted)
+    return bool(actual == wanted)
+
+
+def apply(kube: Kube, kind: Kind, body: JSON) -> tuple[str, JSON]:
+    """Make the object as ``body`` says: ``("created"|"patched"|"unchanged", object)``."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    current = kube.get(kind, namespace, name)
+    if current is None:
+        try:
+            return "created", kube.create(kind, namespace, body)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            current = kube.get(kind, namespace, name) or {}
+    wanted = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "status")}
+    if contains(current, wanted):
+        return "unchanged", current
+    return "patched", kube.patch(kind, namespace, name, wanted)

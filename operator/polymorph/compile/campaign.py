@@ -1,0 +1,501 @@
+"""A compile campaign: an agent proposes builds, a runner measures them, a ledger remembers them.
+
+The functional core (``objective_value``, ``violations``, ``compare``, ``select_result``,
+``counts``, ``budget_share``) lives in ``polymorph.compile.selection``, which also states the
+noise-aware winning rule. ``Campaign`` is the shell: it runs the baseline, hands the agent a
+``CampaignContext``, appends every experiment to the ledger, keeps the progress document
+current, stores each eligible candidate build with its manifest, confirms the winner and
+finally writes ``result.json``.
+
+Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbox ``i`` of
+``n`` may run its share (``budget_share``). The deadline counts campaign time across runs
+(each run adds its elapsed time to the progress document), so a campaign resumed after a
+kill neither restarts its clock nor loses the time it already spent. An experiment whose
+``(build id, workload hash)`` is already in the ledger is never run again: its recorded
+result is returned, which lets a deterministic agent replay its path for free. The budget is
+checked before an experiment starts; one that is running may finish past the deadline
+(the runner's experiment timeout bounds it).
+
+Confirmation. A load spike during one measurement can fake a win that its own spread does
+not reveal. So before a winner is declared, the sandbox writing the result runs the baseline
+and the winner once more, back to back, outside the ledger and the budget; the winner must
+pass the same rule again (``result.confirmation``) or the result is "no improvement".
+
+Every eligible candidate build is stored with its manifest (parent, knobs, the workload it
+was tuned for, figures) when its experiment is recorded, so any sandbox can fetch a winner.
+
+Several sandboxes. Each sandbox measures its own baseline (figures are only comparable
+within one engine on one host) and compares its candidates with it. The result is chosen
+from every ledger of the campaign, so whichever sandbox finishes last writes the full
+result.
+
+It knows nothing about how an experiment runs (the runner does) or how agents decide.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from polymorph.api import Budget, BuildManifest, ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.api.build import TokenUsage
+from polymorph.api.common import parse_duration
+from polymorph.builds import KnobValue, read_build
+from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted, Comparison
+from polymorph.compile.documents import (
+    CampaignResult,
+    Confirmation,
+    Progress,
+    ProgressBest,
+    ProgressBudget,
+    SandboxState,
+    StopReason,
+)
+from polymorph.compile.ledger import CampaignPaths, Ledger
+from polymorph.compile.runner import Runner
+from polymorph.compile.selection import (
+    budget_share,
+    compare,
+    counts,
+    eligible,
+    objective_value,
+    select_result,
+    summary,
+)
+from polymorph.errors import BuildError
+from polymorph.store import Store, build_archive_key, build_id
+
+__all__ = ["Campaign", "CampaignOutcome", "CampaignSettings", "exit_status"]
+
+
+@dataclass
+class CampaignSettings:
+    """Everything that defines one sandbox's share of a campaign."""
+
+    paths: CampaignPaths
+    base_dir: Path
+    base_build: str
+    """``reference`` or a build id: how the campaign's spec names its base build (ledgers use the content id)."""
+    workload: WorkloadProfile | None
+    """The profile the campaign tunes for (None for a trace without one); goes into manifests."""
+    workload_hash: str
+    """Identifies the benchmark workload in the ledger (the profile digest or the trace hash)."""
+    objective: Objective = field(default_factory=Objective)
+    gates: Gates = field(default_factory=Gates)
+    budget: Budget = field(default_factory=Budget)
+    sandbox: int = 0
+    model: str = ""
+    hardware: str = ""
+    agent: str = ""
+    confirm: bool = True
+    """Re-measure the winner next to the baseline before declaring it (outside the budget)."""
+
+
+@dataclass
+class CampaignOutcome:
+    """What one run of a campaign did, for the caller's report."""
+
+    result: CampaignResult
+    progress: Progress
+    stopReason: StopReason
+    message: str
+    ranThisSession: int
+    fromLedger: int
+    sessionSeconds: float
+    records: list[ExperimentRecord]
+    bestUri: str | None = None
+
+
+def exit_status(outcome: CampaignOutcome) -> int:
+    """The exit rule of ``polymorph compile`` and ``polymorph sandbox agent``: 1 when nothing could be
+    compared (the baseline failed) or the agent failed, else 0 (improved or not)."""
+    failed = outcome.stopReason in ("agentError", "baselineFailed") or outcome.result.state == "noBaseline"
+    return 1 if failed else 0
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Campaign:
+    """One sandbox of a campaign. ``run(agent)`` is resumable: run it again after a kill."""
+
+    def __init__(
+        self,
+        settings: CampaignSettings,
+        store: Store,
+        runner: Runner,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_record: Callable[[ExperimentRecord, bool, Progress], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.runner = runner
+        self.clock = clock
+        self.on_record = on_record
+        self._log = log or (lambda _msg: None)
+        self.ledger = Ledger(store, settings.paths.ledger(settings.sandbox))
+        self.share = budget_share(settings.budget.maxExperiments, settings.budget.sandboxes, settings.sandbox)
+        self.deadline_s = parse_duration(settings.budget.deadline)
+        self.workload_hash = settings.workload_hash
+        self.base_id = build_id(settings.base_dir)
+        previous = self._read_progress()
+        self.prior_elapsed = previous.elapsedS if previous else 0.0
+        self.started_at = previous.startedAt if previous else _now()
+        self.tokens = previous.tokens if previous else TokenUsage()
+        self._session_start = clock()
+        self._ran = 0
+        self._cached = 0
+        self._dirs: dict[str, Path] = {}
+        self._stored: set[str] = set()
+        self._tmp = Path(tempfile.mkdtemp(prefix="polymorph-campaign-"))
+        self.workdir = self._tmp / "work"
+        self.workdir.mkdir()
+        self._baseline: ExperimentRecord | None = None
+        self.state: SandboxState = "running"
+        self.stop_reason: StopReason | None = None
+        self.message = ""
+
+    # --- clock and budget -------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        """Campaign seconds so far, across every run of it."""
+        return self.prior_elapsed + (self.clock() - self._session_start)
+
+    def experiments_left(self) -> int:
+        return max(0, self.share - len(self.ledger))
+
+    def record_usage(self, usage: TokenUsage) -> None:
+        """Add an agent's API token usage to the campaign's total (kept in the progress document)."""
+        self.tokens = TokenUsage(
+            inputTokens=self.tokens.inputTokens + usage.inputTokens,
+            outputTokens=self.tokens.outputTokens + usage.outputTokens,
+        )
+
+    def token_usage(self) -> TokenUsage:
+        """Tokens the agent has used so far, across every run of this campaign."""
+        return self.tokens
+
+    def ensure_budget(self) -> None:
+        """Raise ``BudgetExhausted`` when no new experiment may start (experiments or deadline spent)."""
+        if len(self.ledger) >= self.share:
+            raise BudgetExhausted(
+                "maxExperiments", f"the experiment budget ({self.share} for this sandbox) is spent"
+            )
+        if self.elapsed() >= self.deadline_s:
+            raise BudgetExhausted("deadline", f"the deadline ({self.settings.budget.deadline}) has passed")
+
+    # --- experiments ------------------------------------------------------------------------
+
+    def run_experiment(
+        self, build_dir: Path, *, description: str = "", usage: TokenUsage | None = None
+    ) -> ExperimentRecord:
+        bid = build_id(build_dir)
+        self._dirs.setdefault(bid, build_dir)
+        recorded = self.ledger.find(bid, self.workload_hash)
+        if recorded is not None:
+            self._cached += 1
+            if self.on_record is not None:
+                self.on_record(recorded, True, self.progress())
+            return recorded
+        self.ensure_budget()
+        started = datetime.now(UTC)
+        record = self.runner.run(build_dir, description=description)
+        knobs = record.knobs or self._knobs_of(build_dir)
+        record = record.model_copy(
+            update={
+                "build": bid,
+                "workloadHash": self.workload_hash,
+                "description": description or record.description,
+                "sandbox": self.settings.sandbox,
+                "agent": self.settings.agent,
+                "usage": usage,
+                "knobs": knobs,
+                "startedAt": started,
+            }
+        )
+        # Store the build before its ledger line: a kill in between reruns it, never loses it.
+        if bid != self.base_id and eligible(record, self.settings.objective):
+            self._put_build(record, build_dir)
+        self.ledger.append(record)
+        self._ran += 1
+        self._write_progress()
+        if self.on_record is not None:
+            self.on_record(record, False, self.progress())
+        return record
+
+    def _knobs_of(self, build_dir: Path) -> dict[str, KnobValue]:
+        try:
+            spec = read_build(build_dir)
+            return {name: knob.default for name, knob in spec.knobs.items()}
+        except BuildError:  # a malformed agent-written build: the runner reports why
+            return {}
+
+    def _put_build(self, record: ExperimentRecord, build_dir: Path) -> None:
+        """Store ``build_dir`` with its manifest: parent, knobs, the workload it was tuned for, figures."""
+        if record.build in self._stored:
+            return
+        name, parent = record.name, record.parent
+        try:
+            spec = read_build(build_dir)
+            name, parent = name or spec.name, parent or spec.parent
+        except BuildError:
+            pass
+        manifest = BuildManifest(
+            id=record.build,
+            name=name or "candidate",
+            parent=parent or self.base_id,
+            description=record.description,
+            knobs=record.knobs,
+            model=self.settings.model,
+            hardware=self.settings.hardware,
+            workload=self.settings.workload,
+            figures=record.figures,
+        )
+        self.store.put_build(build_dir, manifest)
+        self._stored.add(record.build)
+
+    # --- what agents see --------------------------------------------------------------------
+
+    @property
+    def baseline(self) -> ExperimentRecord:
+        if self._baseline is None:
+            raise RuntimeError("the baseline has not run yet")
+        return self._baseline
+
+    def eligible(self, record: ExperimentRecord) -> bool:
+        return eligible(record, self.settings.objective)
+
+    def compare(self, record: ExperimentRecord, against: ExperimentRecord | None = None) -> Comparison | None:
+        other = against if against is not None else self._baseline
+        if other is None or not self.eligible(record) or not self.eligible(other):
+            return None
+        assert record.figures is not None and other.figures is not None
+        return compare(record.figures, other.figures, self.settings.objective)
+
+    def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
+        sign = -1.0 if self.settings.objective.maximize else 1.0
+        scored = [
+            (sign * objective_value(r.figures, self.settings.objective), i, r)
+            for i, r in enumerate(self.ledger.records)
+            if r.figures is not None and self.eligible(r)
+        ]
+        scored.sort(key=lambda s: (s[0], s[1]))
+        return [r for _, _, r in scored[:limit]]
+
+    def best(self) -> ExperimentRecord:
+        board = self.leaderboard(1)
+        return board[0] if board else self.baseline
+
+    def best_dir(self) -> Path:
+        best = self.best()
+        if best.build == self.base_id:
+            return self.settings.base_dir
+        if best.build not in self._dirs:
+            dest = self._tmp / "fetched" / best.build.replace(":", "-")
+            self._dirs[best.build] = self.store.get_build(best.build, dest)
+        return self._dirs[best.build]
+
+    @property
+    def sandbox(self) -> int:
+        return self.settings.sandbox
+
+    @property
+    def sandboxes(self) -> int:
+        return self.settings.budget.sandboxes
+
+    @property
+    def base_dir(self) -> Path:
+        return self.settings.base_dir
+
+    @property
+    def workload(self) -> WorkloadProfile | None:
+        return self.settings.workload
+
+    @property
+    def objective(self) -> Objective:
+        return self.settings.objective
+
+    @property
+    def gates(self) -> Gates:
+        return self.settings.gates
+
+    @property
+    def hardware(self) -> str:
+        return self.settings.hardware
+
+    def log(self, message: str) -> None:
+        self._log(message)
+
+    # --- progress and result ----------------------------------------------------------------
+
+    def _read_progress(self) -> Progress | None:
+        key = self.settings.paths.progress(self.settings.sandbox)
+        if not self.store.exists(key):
+            return None
+        return Progress.model_validate(self.store.get_json(key))
+
+    def progress(self) -> Progress:
+        """The progress document of this sandbox (what the operator shows in CompileJob status)."""
+        objective = self.settings.objective
+        base = self._baseline
+        best: ProgressBest | None = None
+        top = self.best() if base is not None else None
+        if top is not None and base is not None and top.figures is not None and base.figures is not None:
+            cmp = compare(top.figures, base.figures, objective, self.settings.gates.minSpeedup)
+            best = ProgressBest(
+                **dict(summary(top, objective)),
+                speedup=cmp.speedup,
+                speedupNoise=cmp.noise,
+                significant=cmp.significant,
+            )
+        return Progress(
+            sandbox=self.settings.sandbox,
+            sandboxes=self.settings.budget.sandboxes,
+            agent=self.settings.agent,
+            state=self.state,
+            stopReason=self.stop_reason,
+            message=self.message,
+            counts=counts(self.ledger.records),
+            baseline=summary(base, objective) if base is not None and self.eligible(base) else None,
+            best=best,
+            startedAt=self.started_at,
+            updatedAt=_now(),
+            elapsedS=round(self.elapsed(), 3),
+            budget=ProgressBudget(
+                maxExperiments=self.share,
+                experimentsLeft=self.experiments_left(),
+                deadlineS=self.deadline_s,
+                secondsLeft=round(max(0.0, self.deadline_s - self.elapsed()), 3),
+            ),
+            tokens=self.tokens,
+            workloadHash=self.workload_hash,
+        )
+
+    def _write_progress(self) -> None:
+        key = self.settings.paths.progress(self.settings.sandbox)
+        self.store.put_json(key, self.progress().model_dump(mode="json"))
+
+    def _all_ledgers(self) -> dict[int, list[ExperimentRecord]]:
+        ledgers: dict[int, list[ExperimentRecord]] = {self.settings.sandbox: list(self.ledger.records)}
+        for i in range(self.settings.budget.sandboxes):
+            key = self.settings.paths.ledger(i)
+            if i != self.settings.sandbox and self.store.exists(key):
+                ledgers[i] = [ExperimentRecord.model_validate(x) for x in self.store.read_jsonl(key)]
+        return ledgers
+
+    # --- the campaign -----------------------------------------------------------------------
+
+    def run(self, agent: Agent) -> CampaignOutcome:
+        """Baseline, then the agent, until it finishes or a budget runs out; then the result."""
+        try:
+            return self._run(agent)
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _run(self, agent: Agent) -> CampaignOutcome:
+        stop: StopReason = "finished"
+        message = ""
+        try:
+            base = self.run_experiment(
+                self.settings.base_dir, description="baseline: the base build as it is"
+            )
+            self._baseline = base
+            if not self.eligible(base):
+                stop = "baselineFailed"
+                why = base.error or base.status
+                message = f"the base build did not pass ({why}), so no candidate can be compared with it"
+            else:
+                message = agent.run(self) or "the agent finished"
+        except BudgetExhausted as exc:
+            stop, message = exc.reason, str(exc)
+        except AgentError as exc:
+            stop, message = "agentError", str(exc)
+        # "failed" only when nothing could be compared; an agent that failed after the baseline
+        # still leaves a valid result (its best so far).
+        self.state = "failed" if stop == "baselineFailed" or self._baseline is None else "finished"
+        self.stop_reason = stop
+        self.message = message
+        self._write_progress()
+        result = select_result(
+            self._all_ledgers(), self.base_id, self.settings.objective, self.settings.gates
+        ).model_copy(
+            update={
+                "baseBuildName": self.settings.base_build,
+                "stopReason": stop,
+                "stopMessage": message,
+                "workload": self.settings.workload,
+                "workloadHash": self.workload_hash,
+            }
+        )
+        if result.state == "improved" and self.settings.confirm:
+            result = self._confirm(result)
+        best_uri = None
+        if result.best is not None:
+            best_uri = _build_uri(self.store, result.best.build)
+            result = result.model_copy(update={"best": result.best.model_copy(update={"uri": best_uri})})
+        self.store.put_json(self.settings.paths.result, result.model_dump(mode="json"))
+        return CampaignOutcome(
+            result=result,
+            progress=self.progress(),
+            stopReason=stop,
+            message=message,
+            ranThisSession=self._ran,
+            fromLedger=self._cached,
+            sessionSeconds=self.clock() - self._session_start,
+            records=list(self.ledger.records),
+            bestUri=best_uri,
+        )
+
+    def _confirm(self, result: CampaignResult) -> CampaignResult:
+        """Re-measure the baseline and the winner back to back; demote a winner that does not hold up."""
+        best = result.best
+        assert best is not None
+        self._log(f"confirming {best.build}: re-measuring it next to the baseline")
+        winner_dir = self._dirs.get(best.build) or self.store.get_build(best.build, self._tmp / "fetched")
+        base = self.runner.run(self.settings.base_dir, description="confirmation: the baseline again")
+        cand = self.runner.run(winner_dir, description="confirmation: the winner again")
+        objective, gates = self.settings.objective, self.settings.gates
+        confirmation = Confirmation(confirmed=False, baselineStatus=base.status, bestStatus=cand.status)
+        if eligible(base, objective) and eligible(cand, objective):
+            assert base.figures is not None and cand.figures is not None
+            cmp = compare(cand.figures, base.figures, objective, gates.minSpeedup)
+            confirmation = confirmation.model_copy(
+                update={
+                    "confirmed": cmp.significant,
+                    "baselineValue": cmp.baselineValue,
+                    "value": cmp.value,
+                    "speedup": cmp.speedup,
+                    "speedupNoise": cmp.noise,
+                }
+            )
+        if confirmation.confirmed:
+            return result.model_copy(update={"confirmation": confirmation})
+        again = (
+            f"{confirmation.speedup:.2f}x ±{(confirmation.speedupNoise or 0.0) * 100:.0f}%"
+            if confirmation.speedup is not None
+            else cand.status
+        )
+        return result.model_copy(
+            update={
+                "confirmation": confirmation,
+                "state": "noImprovement",
+                "bestCandidate": best,
+                "best": None,
+                "message": (
+                    f"no improvement: {best.build} measured {best.speedup:.2f}x but did not hold up when "
+                    f"re-measured next to the baseline ({again})"
+                ),
+            }
+        )
+
+
+def _build_uri(store: Store, build: str) -> str:
+    return store.uri_for(build_archive_key(build))

@@ -1,0 +1,155 @@
+"""The documents a compile campaign writes to the store, one pydantic model each.
+
+``Progress`` is ``compilejobs/<ns>/<name>-<uid>/progress-<i>.json``: sandbox ``i``'s state, counts,
+budget left, baseline and best so far; it is rewritten after every experiment. ``CampaignResult``
+is ``result.json``: the campaign's outcome across every sandbox's ledger (best build or an
+explicit "no improvement"). Each is written with ``model_dump(mode="json")`` and read back with
+``model_validate`` by the campaign, the sandbox summary and the operator (which maps them onto
+CompileJob status). Ledger lines are ``polymorph.api.ExperimentRecord``.
+
+It is torch-free and knows nothing about how the documents are computed (``selection``,
+``campaign``) or where they are stored (``ledger.CampaignPaths``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from polymorph.api import ExperimentStatus, Figures, Objective, WorkloadProfile
+from polymorph.api.build import TokenUsage
+
+__all__ = [
+    "CampaignResult",
+    "Confirmation",
+    "Counts",
+    "Progress",
+    "ProgressBest",
+    "ProgressBudget",
+    "ResultBest",
+    "ResultState",
+    "SandboxState",
+    "Standing",
+    "StopReason",
+]
+
+StopReason = Literal["maxExperiments", "deadline", "tokens", "finished", "agentError", "baselineFailed"]
+"""Why a sandbox's campaign stopped."""
+
+SandboxState = Literal["running", "finished", "failed"]
+ResultState = Literal["improved", "noImprovement", "noBaseline"]
+
+
+class _Document(BaseModel):
+    """Unknown keys are errors: a document is written and read by this same class."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Counts(_Document):
+    """Experiments by status, plus ``total``."""
+
+    passed: int = 0
+    rejected: int = 0
+    failed: int = 0
+    crashed: int = 0
+    timeout: int = 0
+    total: int = 0
+
+
+class Standing(_Document):
+    """One eligible experiment as documents show it: its build, objective value, noise and figures."""
+
+    build: str
+    value: float
+    noise: float
+    sandbox: int
+    figures: Figures
+
+
+class ProgressBest(Standing):
+    """The best build so far in a sandbox, compared with that sandbox's baseline."""
+
+    speedup: float
+    speedupNoise: float
+    significant: bool
+
+
+class ResultBest(Standing):
+    """The campaign's winner (or closest miss), compared with its sandbox's baseline."""
+
+    speedup: float
+    speedupNoise: float
+    knobs: dict[str, str | bool | int | float]
+    uri: str | None = None
+    """Where the store keeps the build (set for ``best`` once it is stored)."""
+
+
+class ProgressBudget(_Document):
+    """What is left of this sandbox's share of the budget."""
+
+    maxExperiments: int
+    experimentsLeft: int
+    deadlineS: float
+    secondsLeft: float
+
+
+class Progress(_Document):
+    """``progress-<i>.json``: one sandbox's campaign as it runs."""
+
+    sandbox: int
+    sandboxes: int
+    agent: str
+    state: SandboxState
+    stopReason: StopReason | None
+    message: str
+    counts: Counts
+    baseline: Standing | None
+    best: ProgressBest | None
+    startedAt: datetime
+    updatedAt: datetime
+    elapsedS: float
+    """Campaign seconds across every run of it (the deadline's clock)."""
+    budget: ProgressBudget
+    tokens: TokenUsage
+    workloadHash: str
+
+
+class Confirmation(_Document):
+    """The winner re-measured next to the baseline, back to back, before it is declared."""
+
+    confirmed: bool
+    baselineStatus: ExperimentStatus
+    bestStatus: ExperimentStatus
+    baselineValue: float | None = None
+    value: float | None = None
+    speedup: float | None = None
+    speedupNoise: float | None = None
+
+
+class CampaignResult(_Document):
+    """``result.json``: the campaign's outcome, chosen from the ledgers of all its sandboxes.
+
+    ``state`` is ``improved`` (``best`` set), ``noImprovement`` (``best`` null; ``bestCandidate``
+    names the closest miss) or ``noBaseline`` (no sandbox's baseline passed).
+    """
+
+    state: ResultState
+    message: str
+    objective: Objective
+    minSpeedup: float
+    baseBuild: str
+    """The base build's content id (ledgers key experiments by it)."""
+    experiments: Counts
+    baseline: Standing | None = None
+    best: ResultBest | None = None
+    bestCandidate: ResultBest | None = None
+    baseBuildName: str = ""
+    """How the spec names the base build: ``reference`` or a build id."""
+    stopReason: StopReason | None = None
+    stopMessage: str = ""
+    workload: WorkloadProfile | None = None
+    workloadHash: str = ""
+    confirmation: Confirmation | None = None

@@ -1,0 +1,251 @@
+"""What ``polymorph compile`` shows: live progress while a campaign runs, then its report.
+
+``Display`` draws a rich progress bar and a live leaderboard when stdout is a terminal, and
+prints one plain line per experiment otherwise (to stderr under ``--json``, so stdout holds
+only the final object). ``final_json`` and ``render_report`` turn a ``CampaignOutcome`` plus
+the supervisor's stats into the final JSON object or the human report. ``overhead`` computes
+the cold-start versus hot-swap comparison.
+
+It knows nothing about how campaigns run; it only formats what they return.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
+from rich.table import Table
+
+from polymorph.api import ExperimentRecord, Objective
+from polymorph.compile.campaign import CampaignOutcome
+from polymorph.compile.documents import Progress
+from polymorph.compile.ledger import CampaignPaths
+from polymorph.compile.selection import objective_value
+from polymorph.store import Store
+
+__all__ = ["Display", "experiments_per_hour", "final_json", "overhead", "render_report"]
+
+
+def _short(build: str) -> str:
+    return build[:19] if build.startswith("sha256:") else build
+
+
+class WorkerStats(Protocol):
+    """What a local engine worker spent (``polymorph_engine``'s ``SupervisorStats`` has these)."""
+
+    starts: int
+    restarts: int
+    experiment_seconds: list[float]
+
+    @property
+    def mean_load_s(self) -> float: ...
+
+
+def overhead(records: list[ExperimentRecord], stats: WorkerStats | None) -> dict[str, float | int]:
+    """Cold start (worker spawn, imports, weights, golden) versus the hot swap each experiment paid."""
+    loads = [r.timings.loadS for r in records if r.timings.totalS > 0]
+    totals = list((stats.experiment_seconds if stats else []) or [r.timings.totalS for r in records])
+    cold = stats.mean_load_s if stats else 0.0
+    swap = sum(loads) / len(loads) if loads else 0.0
+    return {
+        "coldStartS": round(cold, 3),
+        "hotSwapS": round(swap, 4),
+        "experimentS": round(sum(totals) / len(totals), 3) if totals else 0.0,
+        "workerStarts": stats.starts if stats else 0,
+        "restarts": stats.restarts if stats else 0,
+        "savedS": round(max(0.0, cold - swap) * len(totals), 1),
+    }
+
+
+def experiments_per_hour(outcome: CampaignOutcome) -> float:
+    """Experiments per hour of wall time: this run's, or the whole campaign's when this run only replayed the ledger."""
+    if outcome.ranThisSession > 0 and outcome.sessionSeconds > 0:
+        return round(outcome.ranThisSession * 3600.0 / outcome.sessionSeconds, 1)
+    elapsed = outcome.progress.elapsedS
+    return round(len(outcome.records) * 3600.0 / elapsed, 1) if elapsed > 0 else 0.0
+
+
+def final_json(
+    outcome: CampaignOutcome, stats: WorkerStats | None, store: Store, paths: CampaignPaths
+) -> dict[str, Any]:
+    """The ``--json`` object: baseline, best (build, value, speedup, noise), experiments, experimentsPerHour."""
+    result = outcome.result
+    best, baseline, cand = result.best, result.baseline, result.bestCandidate
+    confirmed = result.confirmation.speedup if result.confirmation is not None else None
+    return {
+        "state": result.state,
+        "message": result.message,
+        "stopReason": outcome.stopReason,
+        "stopMessage": outcome.message,
+        "objective": result.objective.metric,
+        "campaign": {"prefix": paths.prefix, "store": store.uri, "result": store.uri_for(paths.result)},
+        "baseline": {"build": baseline.build, "value": baseline.value, "noise": baseline.noise}
+        if baseline
+        else None,
+        "best": (
+            {
+                "build": best.build,
+                "value": best.value,
+                "speedup": best.speedup,
+                "noise": best.speedupNoise,
+                "uri": best.uri,
+                "knobs": best.knobs,
+                "confirmedSpeedup": confirmed,
+            }
+            if best
+            else None
+        ),
+        "bestCandidate": (
+            {
+                "build": cand.build,
+                "value": cand.value,
+                "speedup": cand.speedup,
+                "speedupNoise": cand.speedupNoise,
+            }
+            if cand
+            else None
+        ),
+        "experiments": result.experiments.model_dump(mode="json")
+        | {"ranThisRun": outcome.ranThisSession, "fromLedger": outcome.fromLedger},
+        "experimentsPerHour": experiments_per_hour(outcome),
+        "overhead": overhead(outcome.records, stats),
+        "tokens": outcome.progress.tokens.model_dump(mode="json"),
+    }
+
+
+def render_report(
+    outcome: CampaignOutcome,
+    stats: WorkerStats | None,
+    store: Store,
+    paths: CampaignPaths,
+    store_arg: str | None,
+) -> None:
+    """Print the human report on stdout."""
+    doc = final_json(outcome, stats, store, paths)
+    out = sys.stdout
+    metric = doc["objective"]
+    print("", file=out)
+    print(f"campaign   {paths.prefix} in {store.uri}", file=out)
+    print(f"stopped    {outcome.stopReason}: {outcome.message}", file=out)
+    e = doc["experiments"]
+    print(
+        f"experiments {e['total']} ({e['passed']} passed, {e['rejected']} rejected, {e['failed']} failed, "
+        f"{e['crashed']} crashed, {e['timeout']} timed out); {e['ranThisRun']} ran now, {e['fromLedger']} from the ledger",
+        file=out,
+    )
+    if doc["baseline"]:
+        print(
+            f"baseline   {doc['baseline']['value']:.1f} {metric} ±{doc['baseline']['noise'] * 100:.1f}%",
+            file=out,
+        )
+    best = doc["best"]
+    if best:
+        print(
+            f"best       {best['value']:.1f} {metric}: {best['speedup']:.2f}x ±{best['noise'] * 100:.1f}% (noise)",
+            file=out,
+        )
+        if best["confirmedSpeedup"] is not None:
+            print(
+                f"confirmed  {best['confirmedSpeedup']:.2f}x when re-measured next to the baseline", file=out
+            )
+        print(f"build      {best['build']}", file=out)
+        print(f"stored     {best['uri']}", file=out)
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(best["knobs"].items()))
+        print(f"knobs      {knobs}", file=out)
+        store_flag = f" --store {store_arg}" if store_arg else ""
+        print(f"run again  polymorph experiment --build {best['build']}{store_flag}", file=out)
+    else:
+        print(f"result     {doc['message']}", file=out)
+    o = doc["overhead"]
+    print(f"throughput {doc['experimentsPerHour']:.0f} experiments/hour", file=out)
+    print(
+        f"hot reload cold start {o['coldStartS']:.2f}s (spawn, imports, weights, golden) vs hot swap {o['hotSwapS'] * 1000:.1f}ms "
+        f"per build; experiments took {o['experimentS']:.2f}s each; restarting instead would have cost ~{o['savedS']:.0f}s more",
+        file=out,
+    )
+
+
+class Display:
+    """Live campaign progress: rich on a terminal, plain lines otherwise."""
+
+    def __init__(
+        self, total: int, objective: Objective, json_mode: bool = False, stream: TextIO | None = None
+    ) -> None:
+        self.total = total
+        self.objective = objective
+        self.stream = stream or (sys.stderr if json_mode else sys.stdout)
+        self.rich = not json_mode and self.stream.isatty()
+        self.count = 0
+        self._live: Live | None = None
+        self._progress: Bar | None = None
+        self._task: TaskID | None = None
+        self._board: dict[str, tuple[float, str, str]] = {}
+        self._baseline: float | None = None
+
+    def __enter__(self) -> Display:
+        if self.rich:
+            self._progress = Bar(
+                TextColumn("[bold]compiling"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._task = self._progress.add_task("", total=self.total)
+            self._live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(exc_type, exc, tb)
+            self._live = None
+
+    def begin(self, prefix: str, recorded: int) -> None:
+        note = f"resuming: {recorded} experiments already in the ledger" if recorded else "new campaign"
+        self.log(f"campaign {prefix} ({note})")
+
+    def log(self, message: str) -> None:
+        if self._live is not None:
+            self._live.console.print(message)
+        else:
+            print(message, file=self.stream, flush=True)
+
+    def on_record(self, record: ExperimentRecord, cached: bool, progress: Progress) -> None:
+        self.count = progress.counts.total
+        value = objective_value(record.figures, self.objective) if record.figures is not None else None
+        if progress.baseline is not None:
+            self._baseline = progress.baseline.value
+        ratio: float | None = None
+        if value is not None and self._baseline:
+            ratio = value / self._baseline if self.objective.maximize else self._baseline / value
+        if ratio is not None and record.status == "passed":
+            self._board[record.build] = (ratio, _short(record.build), record.description[:48])
+        speed = f"{ratio:.2f}x" if ratio is not None else ""
+        noise = f"±{record.figures.noise * 100:.0f}%" if record.figures is not None else ""
+        figure = f"{value:.1f} {noise}" if value is not None else (record.error or "")[:60]
+        line = f"[{self.count:>3}/{self.total}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
+        if cached:
+            line += " (from ledger)"
+        if self._live is not None and self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task, completed=min(self.count, self.total), description=record.description[:40]
+            )
+            self._live.update(self._render())
+        else:
+            print(line.rstrip(), file=self.stream, flush=True)
+
+    def _render(self) -> Group:
+        table = Table(title="leaderboard", expand=False)
+        for col in ("#", "speedup", "build", "change"):
+            table.add_column(col)
+        for i, (ratio, build, desc) in enumerate(sorted(self._board.values(), key=lambda x: -x[0])[:5], 1):
+            table.add_row(str(i), f"{ratio:.2f}x", build, desc)
+        return Group(*([self._progress] if self._progress is not None else []), table)

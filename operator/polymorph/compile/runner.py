@@ -1,0 +1,154 @@
+"""The seam between the compile loop and an engine: the ``Runner`` protocol, and its HTTP client.
+
+``Runner`` is the one definition of "something that runs one build through verification and
+benchmark and returns its ``ExperimentRecord``". It is implemented by the engine's
+``Supervisor`` (a supervised local worker), its ``InProcessRunner`` (tests, trusted builds) and
+``RemoteRunner`` here, which drives a sandbox engine's admin API over loopback HTTP (server side:
+``polymorph_engine.sandbox.admin``).
+
+``RemoteRunner.run(build_dir)`` archives the directory with ``polymorph.store.archive_build`` and
+POSTs it. Like the Supervisor it never raises for a bad experiment: an unreachable or failing
+engine becomes a ``crashed`` record and a timeout a ``timeout`` record.
+
+It knows nothing about agents, models or torch: it moves archives and records.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Protocol
+
+from polymorph.api import ExperimentRecord
+from polymorph.api.build import Timings
+from polymorph.store import archive_build, build_id
+
+__all__ = ["RemoteRunner", "Runner"]
+
+JsonValue = dict[str, object] | list[object] | str | int | float | bool | None
+"""A parsed JSON document."""
+
+
+class Runner(Protocol):
+    """Runs one build through verification and benchmark; never raises for a bad build."""
+
+    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord: ...
+
+
+class RemoteRunner:
+    """A ``Runner`` that runs each build in a sandbox engine through its admin API."""
+
+    def __init__(self, base_url: str, timeout: float = 900.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
+
+    def _request(
+        self, method: str, path: str, doc: dict[str, str] | None, timeout: float
+    ) -> tuple[int, JsonValue]:
+        data = None if doc is None else json.dumps(doc).encode()
+        req = urllib.request.Request(
+            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return int(resp.status), json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                return int(exc.code), json.loads(exc.read() or b"null")
+            except json.JSONDecodeError:
+                return int(exc.code), None
+
+    def wait_ready(self, timeout: float = 600.0, interval: float = 0.5) -> None:
+        """Block until ``/readyz`` answers 200; raise ``TimeoutError`` (one sentence) after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._request("GET", "/readyz", None, timeout=5)[0] == 200:
+                    return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"the sandbox engine at {self.base_url} was not ready within {timeout:g} s"
+                )
+            time.sleep(interval)
+
+    def load_build(self, build_dir: Path) -> str:
+        """Make ``build_dir`` the sandbox's current build; its id. Raises ``RuntimeError`` if refused."""
+        body = {"archive": base64.b64encode(archive_build(Path(build_dir))).decode()}
+        status, doc = self._request("POST", "/admin/builds/load", body, self.timeout)
+        if status != 200 or not isinstance(doc, dict):
+            raise RuntimeError(f"the sandbox engine refused build {build_dir}: {_message(doc, status)}")
+        return str(doc["build"])
+
+    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+        build_dir = Path(build_dir)
+        started = time.monotonic()
+        ident = build_id(build_dir)
+        body = {
+            "archive": base64.b64encode(archive_build(build_dir)).decode(),
+            "id": ident,
+            "description": description,
+        }
+        try:
+            status, doc = self._request("POST", "/admin/experiments", body, self.timeout)
+        except TimeoutError:
+            return self._record(
+                ident,
+                "timeout",
+                f"no answer from {self.base_url} within {self.timeout:g} s",
+                description,
+                started,
+            )
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                return self._record(
+                    ident,
+                    "timeout",
+                    f"no answer from {self.base_url} within {self.timeout:g} s",
+                    description,
+                    started,
+                )
+            return self._record(
+                ident,
+                "crashed",
+                f"the sandbox engine at {self.base_url} is unreachable: {exc.reason}",
+                description,
+                started,
+            )
+        except (OSError, json.JSONDecodeError) as exc:
+            return self._record(
+                ident, "crashed", f"the sandbox engine at {self.base_url} failed: {exc}", description, started
+            )
+        if status != 200:
+            return self._record(
+                ident,
+                "crashed",
+                f"the sandbox engine answered {status}: {_message(doc, status)}",
+                description,
+                started,
+            )
+        return ExperimentRecord.model_validate(doc)
+
+    @staticmethod
+    def _record(build: str, status: str, error: str, description: str, started: float) -> ExperimentRecord:
+        return ExperimentRecord.model_validate(
+            {
+                "build": build,
+                "status": status,
+                "description": description,
+                "error": error,
+                "timings": Timings(totalS=time.monotonic() - started).model_dump(),
+            }
+        )
+
+
+def _message(doc: JsonValue, status: int) -> str:
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message", status))
+    return f"HTTP {status}"

@@ -1,0 +1,96 @@
+"""Crash containment: raise, os._exit, segfault, hang and NaN builds are recorded; the next build passes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine_support.builds import CRASHES, MODEL, wrapping_build
+
+from polymorph.builds import REFERENCE_BUILD
+from polymorph.store import build_id
+from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
+
+TIMEOUT_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def supervisor() -> Iterator[Supervisor]:
+    # One torch thread: on a shared 2-core machine, spinning OpenMP workers can slow a tiny model
+    # 50x, and a good build must never look like a hang.
+    with Supervisor(
+        MODEL,
+        experiment_timeout=TIMEOUT_S,
+        settings=BenchSettings(repeats=1, warmup=0),
+        verify_steps=4,
+        threads=1,
+    ) as sup:
+        yield sup
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("crash-builds")
+    return {name: wrapping_build(root / name, name, method, body) for name, (method, body) in CRASHES.items()}
+
+
+EXPECTED = {
+    "raises": ("failed", "RuntimeError: decode exploded on purpose"),
+    "exits": ("crashed", "exited with code 7"),
+    "segfaults": ("crashed", "killed by SIGSEGV"),
+    "hangs": ("timeout", f"ran past the {TIMEOUT_S:g} s timeout"),
+    "nan": ("rejected", None),
+}
+
+
+def test_the_worker_starts_once_and_runs_experiments_hot(supervisor: Supervisor) -> None:
+    assert supervisor.stats.starts == 1 and supervisor.stats.load_seconds[0] > 0
+    first = supervisor.run(REFERENCE_BUILD, description="baseline")
+    again = supervisor.run(REFERENCE_BUILD)
+    assert first.status == again.status == "passed", (first.error, again.error)
+    assert first.description == "baseline" and first.build == build_id(REFERENCE_BUILD)
+    assert supervisor.stats.starts == 1 and supervisor.stats.experiments >= 2
+
+
+@pytest.mark.parametrize("name", ["raises", "exits", "segfaults", "hangs", "nan"])
+def test_a_misbehaving_build_is_contained_and_the_next_build_passes(
+    supervisor: Supervisor, builds: dict[str, Path], name: str
+) -> None:
+    restarts, crashes, timeouts = (
+        supervisor.stats.restarts,
+        supervisor.stats.crashes,
+        supervisor.stats.timeouts,
+    )
+    started = time.perf_counter()
+    record = supervisor.run(builds[name])
+    status, message = EXPECTED[name]
+    assert record.status == status, record
+    if message is not None:
+        assert record.error is not None and message in record.error
+    assert record.build == build_id(builds[name]) and record.name == name
+    if status == "timeout":
+        assert TIMEOUT_S <= time.perf_counter() - started < TIMEOUT_S + 10
+    if status == "rejected":
+        assert record.verification is not None and not record.verification.finite
+
+    after = supervisor.run(REFERENCE_BUILD)
+    assert after.status == "passed", after.error
+    died = status in ("crashed", "timeout")
+    assert supervisor.stats.restarts == restarts + int(died)
+    assert supervisor.stats.crashes == crashes + int(status == "crashed")
+    assert supervisor.stats.timeouts == timeouts + int(status == "timeout")
+
+
+def test_a_worker_that_cannot_load_the_model_is_one_sentence(tmp_path: Path) -> None:
+    supervisor = Supervisor(str(tmp_path / "no-such-checkpoint"), experiment_timeout=5)
+    with pytest.raises(WorkerStartError, match=r"neither a shape .* nor a checkpoint directory"):
+        supervisor.start()
+    assert not supervisor.alive
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="experiment_timeout"):
+        Supervisor(MODEL, experiment_timeout=0)

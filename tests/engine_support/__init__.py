@@ -1,0 +1,1 @@
+"""Engine test support: sensitive tiny models and patched builds shared by the engine test areas."""
