@@ -191,10 +191,20 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     defs = raw.get("$defs", {})
     schema = _structural(raw, defs)
     props = schema["properties"]
-    # The API server owns these three; metadata may only be constrained through CEL on the root.
+    # The API server owns these three. Of metadata, a CRD may only constrain name and generateName;
+    # their maxLength also bounds the API server's cost estimate of CEL rules that read the name
+    # (unbounded, a regex over it is estimated at ~3 MB and the CRD is rejected). generateName
+    # leaves room for the 5 characters the API server appends.
+    longest = getattr(model, "NAME_MAX_LENGTH", 253)
     props["apiVersion"] = {"type": "string", "description": "polymorph.dev/v1alpha1"}
     props["kind"] = {"type": "string", "description": model.__name__}
-    props["metadata"] = {"type": "object"}
+    props["metadata"] = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": longest},
+            "generateName": {"type": "string", "maxLength": longest - 5},
+        },
+    }
     # kopf keeps its handler progress in status.kopf; pruning it makes every patch look inconsistent.
     props["status"]["x-kubernetes-preserve-unknown-fields"] = True
     schema["required"] = ["spec"]

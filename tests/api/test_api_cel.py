@@ -313,15 +313,6 @@ def _models() -> Iterator[type[StrictModel]]:
         stack += cls.__subclasses__()
 
 
-def _schema_rules(schema: dict[str, Any]) -> Iterator[dict[str, str]]:
-    yield from schema.get("x-kubernetes-validations", [])
-    for sub in schema.get("properties", {}).values():
-        yield from _schema_rules(sub)
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            yield from _schema_rules(schema[key])
-
-
 def _model_rules() -> dict[str, Rule]:
     return {
         r.message: r for cls in _models() if cls.__module__.startswith("polymorph.api") for r in cls.RULES
@@ -329,27 +320,29 @@ def _model_rules() -> dict[str, Rule]:
 
 
 def test_crd_rules_are_the_models_rules_and_each_is_tested() -> None:
-    in_crds = {(v["rule"], v["message"]) for s in SCHEMAS.values() for v in _schema_rules(s)}
+    in_crds = {(v["rule"], v["message"]) for s in SCHEMAS.values() for _, v in _walk(s)}
     in_models = {(r.cel, r.message) for r in _model_rules().values()}
     assert in_crds == in_models
     broken = {message for _, doc, _ in BROKEN for _, message in check(doc)}
     assert broken == set(_model_rules()), f"rules without a failing case: {set(_model_rules()) - broken}"
 
 
-def test_every_field_path_names_a_field_of_its_node() -> None:
-    def walk(schema: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
-        for v in schema.get("x-kubernetes-validations", []):
-            yield schema, v
-        for sub in [
-            *schema.get("properties", {}).values(),
-            schema.get("items"),
-            schema.get("additionalProperties"),
-        ]:
-            if isinstance(sub, dict):
-                yield from walk(sub)
+def _walk(schema: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+    """Every (schema node, validation rule) pair below ``schema``."""
+    for v in schema.get("x-kubernetes-validations", []):
+        yield schema, v
+    for sub in [
+        *schema.get("properties", {}).values(),
+        schema.get("items"),
+        schema.get("additionalProperties"),
+    ]:
+        if isinstance(sub, dict):
+            yield from _walk(sub)
 
+
+def test_every_field_path_names_a_field_of_its_node() -> None:
     for schema in SCHEMAS.values():
-        for node, validation in walk(schema):
+        for node, validation in _walk(schema):
             if "fieldPath" in validation:
                 assert validation["fieldPath"].lstrip(".") in node["properties"], validation
             assert "\n" not in validation["message"]
@@ -378,6 +371,20 @@ def test_lists_a_rule_iterates_have_max_items() -> None:
 
     for kind, schema in SCHEMAS.items():
         assert list(walk(schema, kind)) == []
+
+
+def test_strings_a_rule_matches_have_max_length() -> None:
+    """A regex over an unbounded string is estimated at the request size (3 MB) and the CRD rejected."""
+    seen = 0
+    for schema in SCHEMAS.values():
+        for node, validation in _walk(schema):
+            for path in re.findall(r"self\.([\w.]+)\.matches\(", validation["rule"]):
+                target = node
+                for part in path.split("."):
+                    target = target["properties"][part]
+                assert target["type"] == "string" and target["maxLength"] <= 253, (path, target)
+                seen += 1
+    assert seen >= 2
 
 
 def test_a_rule_that_reads_an_absent_field_is_caught() -> None:

@@ -304,7 +304,13 @@ class ObjectMeta(StrictModel):
 
 
 class ResourceModel(StrictModel):
-    """Base of a whole Polymorph object (apiVersion, kind, metadata, spec, status)."""
+    """Base of a whole Polymorph object (apiVersion, kind, metadata, spec, status).
+
+    ``NAME_MAX_LENGTH`` is the longest ``metadata.name`` the resource accepts (the CRD says it too,
+    which also bounds the API server's cost estimate of the name's CEL rule).
+    """
+
+    NAME_MAX_LENGTH: ClassVar[int] = 253
 
     if TYPE_CHECKING:  # declared by each resource, so its field order stays apiVersion, kind, metadata
         metadata: ObjectMeta

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -178,11 +178,15 @@ class CompileJob(ResourceModel):
     """A whole CompileJob object, as in a manifest or a Kubernetes API response."""
 
     # The name labels the Job's pods, so it must be a DNS label (<= 63 characters).
+    NAME_MAX_LENGTH: ClassVar[int] = 63
     RULES = (
         Rule(
-            f"self.metadata.name.size() <= 63 && self.metadata.name.matches('{DNS_LABEL_PATTERN}')",
-            "metadata.name must be at most 63 lowercase letters, digits or '-', as it names a Job",
-            lambda j: len(j.metadata.name) <= 63 and _DNS_LABEL.match(j.metadata.name) is not None,
+            f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{DNS_LABEL_PATTERN}')",
+            f"metadata.name must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', as it names a Job",
+            lambda j: (
+                len(j.metadata.name) <= CompileJob.NAME_MAX_LENGTH
+                and _DNS_LABEL.match(j.metadata.name) is not None
+            ),
         ),
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -448,12 +448,16 @@ class ModelDeployment(ResourceModel):
     """A whole ModelDeployment object, as in a manifest or a Kubernetes API response."""
 
     # The name becomes a Service and the Deployment "<name>-canary": a DNS-1035 label of <= 63.
+    NAME_MAX_LENGTH: ClassVar[int] = 56
     RULES = (
         Rule(
-            f"self.metadata.name.size() <= 56 && self.metadata.name.matches('{MD_NAME_PATTERN}')",
-            "metadata.name must be at most 56 lowercase letters, digits or '-', starting with a letter, "
-            "as it names a Service and the Deployment <name>-canary",
-            lambda md: len(md.metadata.name) <= 56 and _MD_NAME.match(md.metadata.name) is not None,
+            f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{MD_NAME_PATTERN}')",
+            f"metadata.name must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', starting with a "
+            "letter, as it names a Service and the Deployment <name>-canary",
+            lambda md: (
+                len(md.metadata.name) <= ModelDeployment.NAME_MAX_LENGTH
+                and _MD_NAME.match(md.metadata.name) is not None
+            ),
         ),
     )
 
