@@ -23,6 +23,7 @@ import kmock
 import pytest
 import yaml
 
+from .resources import ResourceType
 from .server import ConformantKubernetesEmulator
 
 __all__ = ["EmulatorThread", "k8s_emulator", "main", "write_kubeconfig"]
@@ -130,11 +131,12 @@ def _preload(running: EmulatorThread, paths: Iterable[Path]) -> None:
     documents.sort(key=lambda d: d.get("kind") != "CustomResourceDefinition")
     for document in documents:
         group, _, version = document["apiVersion"].rpartition("/")
-        rtype = running.call(
-            lambda e, g=group, v=version, k=document["kind"]: next(
-                (t for (tg, tv, _), t in e._types.items() if (tg, tv, t.kind) == (g, v, k)), None
-            )
-        )
+        api_version, kind = document["apiVersion"], document["kind"]
+
+        def lookup(emulator: ConformantKubernetesEmulator) -> ResourceType | None:
+            return emulator.type_for_kind(api_version, kind)  # noqa: B023 (called right away)
+
+        rtype: ResourceType | None = running.call(lookup)
         if rtype is None:
             raise SystemExit(f"cannot preload {document['kind']} {document['apiVersion']}: unknown kind")
         prefix = f"/apis/{group}/{version}" if group else "/api/v1"

@@ -252,7 +252,7 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
         if (rtype.group, rtype.version, rtype.plural) == NAMESPACE_KEY:
             for (res, ns, _name), item in list(self._objects.items()):
                 if ns == meta["name"] and not item.deleted:
-                    self._remove(self._types[(res.group, res.version, res.plural)], item.raw)
+                    self._remove(self._type_of(res), item.raw)
         self._collect_garbage(meta["uid"])
         return gone
 
@@ -266,7 +266,7 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
             owners = obj["metadata"].get("ownerReferences") or []
             orphaned = not any(o.get("uid") in live_uids for o in owners)
             if owners and orphaned and any(o.get("uid") == owner_uid for o in owners):
-                rtype = self._types.get((res.group, res.version, res.plural))
+                rtype = self._type_of_stored(res)
                 if rtype is not None:
                     self._delete(rtype, obj["metadata"].get("namespace"), obj["metadata"]["name"], {})
 
@@ -549,7 +549,7 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
                 continue
             owners = item.raw["metadata"].get("ownerReferences") or []
             if any(o.get("uid") == owner_uid for o in owners):
-                rtype = self._types[(res.group, res.version, res.plural)]
+                rtype = self._type_of(res)
                 new = copy.deepcopy(item.raw)
                 new["metadata"]["ownerReferences"] = [o for o in owners if o.get("uid") != owner_uid]
                 self._store(rtype, item.raw, new)
@@ -691,6 +691,21 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
                     return None
                 event = "ADDED" if not was else "DELETED" if not now else "MODIFIED"
         return json.dumps({"type": event, "object": new}).encode() + b"\n"
+
+    def _type_of_stored(self, res: kmock.resource) -> ResourceType | None:
+        return self._types.get((res.group or "", res.version or "", res.plural or ""))
+
+    def _type_of(self, res: kmock.resource) -> ResourceType:
+        rtype = self._type_of_stored(res)
+        assert rtype is not None, f"stored objects of an unserved resource {res}"  # CRD removal deletes them
+        return rtype
+
+    def type_for_kind(self, api_version: str, kind: str) -> ResourceType | None:
+        """The served resource type of an ``apiVersion`` and ``kind``, as in a manifest."""
+        group, _, version = api_version.rpartition("/")
+        return next(
+            (t for t in self._types.values() if (t.group, t.version, t.kind) == (group, version, kind)), None
+        )
 
     # --- helpers for tests in the same process -----------------------------------------------
 
