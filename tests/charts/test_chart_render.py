@@ -231,6 +231,16 @@ def test_one_replica_is_standalone_and_never_overlaps(replicas: int, strategy: s
     assert deployment["spec"]["replicas"] == replicas
     assert deployment["spec"]["strategy"]["type"] == strategy
     assert ("--standalone" in _args({"replicas": replicas})) is standalone
+    affinity = deployment["spec"]["template"]["spec"].get("affinity")
+    if standalone:
+        assert affinity is None
+    else:
+        (term,) = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert (
+            term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+            == deployment["spec"]["selector"]["matchLabels"]
+        )
 
 
 def test_settings_configmap_feeds_the_env_fallbacks() -> None:
