@@ -18,13 +18,17 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
+
+from polymorph.api import ExperimentRecord, parse_duration
+from polymorph.builds import knob_variant, resolve_build_arg
 from polymorph.errors import BuildError, UsageError
-
-if TYPE_CHECKING:
-    from polymorph.api import ExperimentRecord
-    from polymorph_engine.experiment.supervisor import SupervisorStats
+from polymorph.store import open_store
+from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
+from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.supervisor import Supervisor, SupervisorStats, WorkerStartError
+from polymorph_engine.runtime.config import SHAPES, parse_dtype
 
 __all__ = ["configure", "run"]
 
@@ -69,8 +73,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _timeout(text: str) -> float:
-    from polymorph.api import parse_duration
-
     try:
         value = float(text)
     except ValueError:
@@ -96,8 +98,6 @@ def _knobs(items: list[str]) -> dict[str, str]:
 
 
 def _device(text: str) -> str:
-    import torch
-
     try:
         device = torch.device(text)
     except RuntimeError:
@@ -110,8 +110,6 @@ def _device(text: str) -> str:
 
 
 def _model(source: str) -> str:
-    from polymorph_engine.runtime.config import SHAPES
-
     if source not in SHAPES and not Path(source).is_dir():
         raise UsageError(
             f"--model must be a shape ({', '.join(SHAPES)}) or a checkpoint directory; got {source!r}."
@@ -120,9 +118,6 @@ def _model(source: str) -> str:
 
 
 def _resolve_build(arg: str, store_uri: str | None, cache: Path) -> Path:
-    from polymorph.builds import resolve_build_arg
-    from polymorph.store import open_store
-
     return resolve_build_arg(arg, "--build", lambda: open_store(store_uri), cache)
 
 
@@ -133,12 +128,6 @@ def _workdir() -> Iterator[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polymorph.builds import knob_variant
-    from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
-    from polymorph_engine.experiment.run import BenchSettings
-    from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
-    from polymorph_engine.runtime.config import parse_dtype
-
     timeout = _timeout(args.experiment_timeout)
     knobs = _knobs(args.knob)
     device = _device(args.device)

@@ -33,11 +33,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import torch
+
 from polymorph.api import ExperimentRecord, Gates, WorkloadProfile
 from polymorph.api.build import Timings
+from polymorph.builds import read_build
 from polymorph.errors import UsageError
 from polymorph.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
-from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.run import BenchSettings, fit_for_device, run_experiment, vocab_size_of
+from polymorph_engine.experiment.verify import default_prompts, golden
+from polymorph_engine.runtime.checkpoint import load_model
+from polymorph_engine.runtime.hotreload import Engine, build_id_of
 
 __all__ = ["Supervisor", "SupervisorStats", "WorkerStartError"]
 
@@ -93,14 +99,9 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
     os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
     try:
         started = time.perf_counter()
-        import torch
 
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        from polymorph_engine.experiment.run import fit_for_device, run_experiment, vocab_size_of
-        from polymorph_engine.experiment.verify import default_prompts, golden
-        from polymorph_engine.runtime.checkpoint import load_model
-        from polymorph_engine.runtime.hotreload import Engine
 
         model = load_model(config.model_source, device=config.device, dtype=config.dtype, seed=config.seed)
         max_seq_len = model.config.max_position_embeddings
@@ -326,8 +327,6 @@ class Supervisor:
         self, build_dir: Path, status: str, error: str, description: str, elapsed: float
     ) -> ExperimentRecord:
         """A record written by the parent for an experiment whose worker died or hung."""
-        from polymorph_engine.runtime.hotreload import build_id_of
-
         record = ExperimentRecord(
             build="",
             status=status,
@@ -337,8 +336,6 @@ class Supervisor:
             timings=Timings(totalS=elapsed),
         )
         try:
-            from polymorph.builds import read_build
-
             record.build = build_id_of(build_dir)
             spec = read_build(build_dir)
             record.name = str(spec.name)

@@ -31,15 +31,15 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from polymorph.api import Gates, Verification
+from polymorph.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.hotpath import HotPath
-
-if TYPE_CHECKING:
-    from polymorph_engine.runtime.model import LoadedModel
+from polymorph_engine.runtime.loader import load_hotpath
+from polymorph_engine.runtime.model import LoadedModel
 
 __all__ = ["Golden", "default_prompts", "golden", "verify"]
 
@@ -128,9 +128,6 @@ def golden(model: LoadedModel, prompts: list[list[int]], steps: int) -> Golden:
 
     Loads the reference build on ``model`` for the duration of the call and closes it after.
     """
-    from polymorph.builds import REFERENCE_BUILD
-    from polymorph_engine.runtime.loader import load_hotpath
-
     if not prompts or steps < 1:
         raise ValueError("golden needs at least one prompt and one step")
     hotpath, _, _ = load_hotpath(model, REFERENCE_BUILD)

@@ -26,16 +26,15 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from polymorph.builds import BuildDeclaration
+from polymorph.store import build_id
 from polymorph_engine.runtime.hotpath import HotPath
-from polymorph_engine.runtime.loader import forget_build
-
-if TYPE_CHECKING:
-    from polymorph.builds import BuildDeclaration
-    from polymorph_engine.runtime.model import LoadedModel
+from polymorph_engine.runtime.loader import forget_build, load_hotpath
+from polymorph_engine.runtime.model import LoadedModel
 
 __all__ = ["Engine", "LoadedBuild", "build_id_of"]
 
@@ -44,8 +43,6 @@ log = logging.getLogger(__name__)
 
 def build_id_of(build_dir: Path) -> str:
     """The content id of a build directory (``sha256:...``), as the store computes it."""
-    from polymorph.store import build_id
-
     return str(build_id(build_dir))
 
 
@@ -89,8 +86,6 @@ class Engine:
 
     def load_build(self, build_dir: str | Path, knobs: dict[str, Any] | None = None) -> LoadedBuild:
         """Release the current build, then import, prepare and make current the build at ``build_dir``."""
-        from polymorph_engine.runtime.loader import load_hotpath
-
         build_dir = Path(build_dir).resolve()
         self.unload()
         started = time.perf_counter()

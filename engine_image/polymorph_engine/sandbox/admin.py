@@ -34,6 +34,7 @@ from typing import Any
 
 from polymorph.compile.runner import Runner
 from polymorph.errors import StoreError, UsageError
+from polymorph.store import archive_id, build_id, unpack_build
 from polymorph_engine.serving.openai_api import RequestError
 from polymorph_engine.serving.server import EngineHTTPServer, make_server
 
@@ -134,8 +135,6 @@ class SandboxAdmin:
 
     def _unpack(self, doc: dict[str, Any]) -> tuple[Path, str]:
         """Decode, unpack and id-check the archive in ``doc``: the build directory and its id."""
-        from polymorph.store import archive_id, build_id, unpack_build
-
         archive = doc.get("archive")
         if not isinstance(archive, str) or not archive:
             raise RequestError(

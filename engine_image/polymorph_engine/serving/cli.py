@@ -24,7 +24,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from polymorph.builds import resolve_build_arg
 from polymorph.errors import BuildError, StoreError, UsageError
+from polymorph.store import build_id, open_store
+from polymorph_engine.runtime.checkpoint import load_model
+from polymorph_engine.runtime.loader import load_hotpath
+from polymorph_engine.serving.metrics import ServerMetrics
+from polymorph_engine.serving.server import make_server
+from polymorph_engine.serving.service import CompletionService
+from polymorph_engine.serving.trace import TraceSampler, flush_trace
 
 __all__ = ["configure", "run"]
 
@@ -96,12 +104,6 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "engine_command", None) != "serve":
         raise UsageError("polymorph engine needs a subcommand: serve (see polymorph engine serve --help).")
     _check_flags(args)
-    from polymorph_engine.runtime.checkpoint import load_model
-    from polymorph_engine.runtime.loader import load_hotpath
-    from polymorph_engine.serving.metrics import ServerMetrics
-    from polymorph_engine.serving.server import make_server
-    from polymorph_engine.serving.service import CompletionService
-    from polymorph_engine.serving.trace import TraceSampler
 
     store = _open_store(args.store) if args.store or args.build.startswith("sha256:") else None
     cache = Path(args.build_cache) if args.build_cache else Path(tempfile.mkdtemp(prefix="polymorph-builds-"))
@@ -184,8 +186,6 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _open_store(uri: str | None) -> Any:
-    from polymorph.store import open_store
-
     try:
         return open_store(uri)
     except StoreError as exc:
@@ -194,9 +194,6 @@ def _open_store(uri: str | None) -> Any:
 
 def _resolve_build(arg: str, store: Any, cache: Path) -> tuple[Path, str]:
     """The build directory to serve and its id; store builds are fetched and hash-verified."""
-    from polymorph.builds import resolve_build_arg
-    from polymorph.store import build_id
-
     path = resolve_build_arg(arg, "--build", lambda: store, cache)
     return path, arg if arg.startswith("sha256:") else build_id(path)
 
@@ -213,8 +210,6 @@ class _TraceFlusher:
         self._thread: threading.Thread | None = None
 
     def flush(self) -> str | None:
-        from polymorph_engine.serving.trace import flush_trace
-
         if self.sampler is None or self.store is None:
             return None
         try:

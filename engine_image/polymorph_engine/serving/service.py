@@ -25,6 +25,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polymorph_engine.runtime.scheduler import Request, Scheduler
 from polymorph_engine.serving.metrics import RequestObservation, ServerMetrics
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, TextTokenizer, stop_scan
 from polymorph_engine.serving.trace import TraceSampler
@@ -93,10 +94,6 @@ class CompletionService:
         trace: TraceSampler | None = None,
         device: str = "cpu",
     ) -> None:
-        from polymorph_engine.runtime.scheduler import (
-            Scheduler,  # torch is imported only by services that run
-        )
-
         self._scheduler_cls = Scheduler
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -137,8 +134,6 @@ class CompletionService:
             return len(self._jobs)
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> _Job:
-        from polymorph_engine.runtime.scheduler import Request
-
         if not self.ready:
             raise RequestError("the engine is shutting down; retry on another replica.", status=503)
         job = _Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens))

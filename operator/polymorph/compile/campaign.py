@@ -16,10 +16,7 @@ result is returned, which lets a deterministic agent replay its path for free. T
 checked before an experiment starts; one that is running may finish past the deadline
 (the runner's experiment timeout bounds it).
 
-Confirmation. A load spike during one measurement can fake a win that its own spread does
-not reveal. So before a winner is declared, the sandbox writing the result runs the baseline
-and the winner once more, back to back, outside the ledger and the budget; the winner must
-pass the same rule again (``result.confirmation``) or the result is "no improvement".
+Confirmation: ``confirmation.confirm`` re-measures the winner before it is declared.
 
 Every eligible candidate build is stored with its manifest (parent, knobs, the workload it
 was tuned for, figures) when its experiment is recorded, so any sandbox can fetch a winner.
@@ -47,9 +44,8 @@ from polymorph.api.build import TokenUsage
 from polymorph.api.common import parse_duration
 from polymorph.builds import KnobValue, read_build
 from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted, Comparison
+from polymorph.compile.confirmation import confirm
 from polymorph.compile.documents import (
-    CampaignResult,
-    Confirmation,
     Progress,
     ProgressBest,
     ProgressBudget,
@@ -57,6 +53,7 @@ from polymorph.compile.documents import (
     StopReason,
 )
 from polymorph.compile.ledger import CampaignPaths, Ledger
+from polymorph.compile.outcome import CampaignOutcome
 from polymorph.compile.runner import Runner
 from polymorph.compile.selection import (
     budget_share,
@@ -70,7 +67,7 @@ from polymorph.compile.selection import (
 from polymorph.errors import BuildError
 from polymorph.store import Store, build_archive_key, build_id
 
-__all__ = ["Campaign", "CampaignOutcome", "CampaignSettings", "exit_status"]
+__all__ = ["Campaign", "CampaignSettings"]
 
 
 @dataclass
@@ -94,28 +91,6 @@ class CampaignSettings:
     agent: str = ""
     confirm: bool = True
     """Re-measure the winner next to the baseline before declaring it (outside the budget)."""
-
-
-@dataclass
-class CampaignOutcome:
-    """What one run of a campaign did, for the caller's report."""
-
-    result: CampaignResult
-    progress: Progress
-    stopReason: StopReason
-    message: str
-    ranThisSession: int
-    fromLedger: int
-    sessionSeconds: float
-    records: list[ExperimentRecord]
-    bestUri: str | None = None
-
-
-def exit_status(outcome: CampaignOutcome) -> int:
-    """The exit rule of ``polymorph compile`` and ``polymorph sandbox agent``: 1 when nothing could be
-    compared (the baseline failed) or the agent failed, else 0 (improved or not)."""
-    failed = outcome.stopReason in ("agentError", "baselineFailed") or outcome.result.state == "noBaseline"
-    return 1 if failed else 0
 
 
 def _now() -> datetime:
@@ -436,7 +411,11 @@ class Campaign:
             }
         )
         if result.state == "improved" and self.settings.confirm:
-            result = self._confirm(result)
+            best = result.best
+            assert best is not None
+            self._log(f"confirming {best.build}: re-measuring it next to the baseline")
+            winner_dir = self._dirs.get(best.build) or self.store.get_build(best.build, self._tmp / "fetched")
+            result = confirm(result, self.runner, self.settings.base_dir, winner_dir, self.settings.objective)
         best_uri = None
         if result.best is not None:
             best_uri = _build_uri(self.store, result.best.build)
@@ -452,48 +431,6 @@ class Campaign:
             sessionSeconds=self.clock() - self._session_start,
             records=list(self.ledger.records),
             bestUri=best_uri,
-        )
-
-    def _confirm(self, result: CampaignResult) -> CampaignResult:
-        """Re-measure the baseline and the winner back to back; demote a winner that does not hold up."""
-        best = result.best
-        assert best is not None
-        self._log(f"confirming {best.build}: re-measuring it next to the baseline")
-        winner_dir = self._dirs.get(best.build) or self.store.get_build(best.build, self._tmp / "fetched")
-        base = self.runner.run(self.settings.base_dir, description="confirmation: the baseline again")
-        cand = self.runner.run(winner_dir, description="confirmation: the winner again")
-        objective, gates = self.settings.objective, self.settings.gates
-        confirmation = Confirmation(confirmed=False, baselineStatus=base.status, bestStatus=cand.status)
-        if eligible(base, objective) and eligible(cand, objective):
-            assert base.figures is not None and cand.figures is not None
-            cmp = compare(cand.figures, base.figures, objective, gates.minSpeedup)
-            confirmation = confirmation.model_copy(
-                update={
-                    "confirmed": cmp.significant,
-                    "baselineValue": cmp.baselineValue,
-                    "value": cmp.value,
-                    "speedup": cmp.speedup,
-                    "speedupNoise": cmp.noise,
-                }
-            )
-        if confirmation.confirmed:
-            return result.model_copy(update={"confirmation": confirmation})
-        again = (
-            f"{confirmation.speedup:.2f}x ±{(confirmation.speedupNoise or 0.0) * 100:.0f}%"
-            if confirmation.speedup is not None
-            else cand.status
-        )
-        return result.model_copy(
-            update={
-                "confirmation": confirmation,
-                "state": "noImprovement",
-                "bestCandidate": best,
-                "best": None,
-                "message": (
-                    f"no improvement: {best.build} measured {best.speedup:.2f}x but did not hold up when "
-                    f"re-measured next to the baseline ({again})"
-                ),
-            }
         )
 
 

@@ -32,8 +32,9 @@ import yaml
 from polymorph.api import Budget, Gates, Objective, WorkloadProfile, parse_duration
 from polymorph.builds import resolve_build_arg
 from polymorph.compile.agents import make_agent
-from polymorph.compile.campaign import Campaign, CampaignSettings, exit_status
+from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths, config_uid
+from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display, final_json, render_report
 from polymorph.errors import UsageError
 from polymorph.store import Store, build_id, open_store

@@ -22,9 +22,9 @@ from rich.progress import Progress as Bar
 from rich.table import Table
 
 from polymorph.api import ExperimentRecord, Objective
-from polymorph.compile.campaign import CampaignOutcome
 from polymorph.compile.documents import Progress
 from polymorph.compile.ledger import CampaignPaths
+from polymorph.compile.outcome import CampaignOutcome
 from polymorph.compile.selection import objective_value
 from polymorph.store import Store
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from polymorph.api import parse_duration
 from polymorph.builds import REFERENCE_BUILD
 from polymorph.compile.agents import make_agent
-from polymorph.compile.campaign import Campaign, CampaignSettings, exit_status
+from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.job import SPEC_ENV, read_compilejob, sandbox_index, workload_identity
 from polymorph.compile.ledger import CampaignPaths, config_uid
+from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display
 from polymorph.compile.runner import RemoteRunner
 from polymorph.compile.selection import budget_share

@@ -10,7 +10,7 @@ these exact names:
   figures and their spread, as text;
 - ``finish {summary}``: ends the campaign.
 
-The system prompt gives the hardware, the workload profile, the objective, its constraints,
+The tools, prompts and compaction are in ``claude_context``. The system prompt gives the hardware, the workload profile, the objective, its constraints,
 the gates and the rules; the first message gives the leaderboard and the best build's
 source. Budgets: experiments and the deadline are the campaign's; tokens (input + output,
 across resumes) are this agent's, and each experiment's record carries the tokens spent
@@ -32,76 +32,31 @@ It knows nothing about the store, the ledger or how experiments run.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from polymorph.api import ExperimentRecord
 from polymorph.api.build import TokenUsage
 from polymorph.compile.agents.base import AgentError, BudgetExhausted, CampaignContext
+from polymorph.compile.agents.claude_context import (
+    MAX_FILE_BYTES,
+    MAX_SOURCE_CHARS,
+    TOOLS,
+    ToolError,
+    compact,
+    describe_record,
+    files_of,
+    leaderboard_text,
+    safe_path,
+    system_prompt,
+)
 from polymorph.errors import StoreError, UsageError
 
 __all__ = ["TOOLS", "ClaudeAgent", "ToolError", "compact", "resolve_api_key", "safe_path"]
 
 KEY_FILE_ENV = "POLYMORPH_ANTHROPIC_KEY_FILE"
-MAX_FILE_BYTES = 512 * 1024
-MAX_SOURCE_CHARS = 60_000
-
-TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "list_files",
-        "description": "List the files of the working copy (the build you are editing), with their sizes.",
-        "input_schema": {"type": "object", "properties": {}},
-    },
-    {
-        "name": "read_file",
-        "description": "Read a text file of the working copy. Paths are relative to the build directory.",
-        "input_schema": {
-            "type": "object",
-            "properties": {"path": {"type": "string", "description": "relative path, e.g. hotpath.py"}},
-            "required": ["path"],
-        },
-    },
-    {
-        "name": "write_file",
-        "description": "Create or replace a text file in the working copy. Paths are relative to the build directory.",
-        "input_schema": {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["path", "content"],
-        },
-    },
-    {
-        "name": "run_experiment",
-        "description": (
-            "Snapshot the working copy as a new build, load it into the hot engine, verify it against the "
-            "reference outputs and benchmark it on the workload. Returns status, verification, figures and noise."
-        ),
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "description": {"type": "string", "description": "what this build changes and why"}
-            },
-            "required": ["description"],
-        },
-    },
-    {
-        "name": "finish",
-        "description": "End the campaign. The best build that passes the gates beyond noise is the result.",
-        "input_schema": {
-            "type": "object",
-            "properties": {"summary": {"type": "string"}},
-            "required": ["summary"],
-        },
-    },
-]
-
-
-class ToolError(Exception):
-    """A tool call the agent cannot carry out; the message goes back to the model as is_error."""
 
 
 def resolve_api_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -125,151 +80,6 @@ def resolve_api_key(key_file: str | None = None, env: Mapping[str, str] | None =
             f"(or set {KEY_FILE_ENV}) naming a file that holds it"
         )
     return key
-
-
-def safe_path(root: Path, rel: object) -> Path:
-    """``rel`` inside ``root``; ToolError for non-strings, absolute paths, ``..`` and symlinks on the way."""
-    if not isinstance(rel, str) or not rel.strip():
-        raise ToolError("path must be a non-empty relative path such as hotpath.py")
-    if "\x00" in rel or "\\" in rel:
-        raise ToolError(f"path {rel!r} may not contain NUL or backslashes")
-    parts = PurePosixPath(rel)
-    if parts.is_absolute() or rel.startswith("~"):
-        raise ToolError(f"path {rel!r} is absolute; use a path relative to the build directory")
-    if any(p == ".." for p in parts.parts):
-        raise ToolError(f"path {rel!r} leaves the build directory ('..' is not allowed)")
-    current = root
-    for part in parts.parts:
-        if part == ".":
-            continue
-        current = current / part
-        if current.is_symlink():
-            raise ToolError(f"path {rel!r} goes through a symlink, which is not allowed")
-    resolved = current.resolve()
-    if not resolved.is_relative_to(root.resolve()):
-        raise ToolError(f"path {rel!r} leaves the build directory")
-    return current
-
-
-def _files(root: Path) -> list[tuple[str, int]]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(
-            d for d in dirnames if d != "__pycache__" and not (Path(dirpath) / d).is_symlink()
-        )
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if path.is_symlink() or name.endswith(".pyc"):
-                continue
-            out.append((path.relative_to(root).as_posix(), path.stat().st_size))
-    return out
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def describe_record(record: ExperimentRecord, ctx: CampaignContext) -> str:
-    """An experiment's outcome as the model reads it."""
-    lines = [f"build {record.build}", f"status: {record.status}"]
-    if record.error:
-        lines.append(f"error: {record.error}")
-    v = record.verification
-    if v is not None:
-        lines.append(
-            f"verification: passed={v.passed} tokenAgreement={_fmt(v.tokenAgreement)} "
-            f"(gate >= {ctx.gates.tokenAgreement:g}) logitError={_fmt(v.logitError)} "
-            f"(gate <= {ctx.gates.logitTolerance:g}) finite={v.finite}"
-        )
-    f = record.figures
-    if f is not None:
-        lines.append(
-            f"figures: outputTokensPerSecond={_fmt(f.outputTokensPerSecond)} totalTokensPerSecond={_fmt(f.totalTokensPerSecond)} "
-            f"ttftP50Ms={_fmt(f.ttftP50Ms)} ttftP95Ms={_fmt(f.ttftP95Ms)} itlP50Ms={_fmt(f.itlP50Ms)} itlP95Ms={_fmt(f.itlP95Ms)}"
-        )
-        lines.append(
-            f"spread: noise={f.noise * 100:.1f}% (max-min over median), repeats={[round(x, 1) for x in f.repeats]}"
-        )
-        cmp = ctx.compare(record)
-        if cmp is not None:
-            verdict = "beyond noise" if cmp.significant else "within noise"
-            lines.append(
-                f"vs baseline: {cmp.speedup:.3f}x on {ctx.objective.metric} ±{cmp.noise * 100:.1f}% ({verdict})"
-            )
-        if not ctx.eligible(record):
-            lines.append("constraints: violated, so this build cannot win")
-    t = record.timings
-    lines.append(f"timings: load {t.loadS:.2f}s verify {t.verifyS:.2f}s bench {t.benchS:.2f}s")
-    lines.append(f"experiments left: {ctx.experiments_left()}")
-    return "\n".join(lines)
-
-
-def leaderboard_text(ctx: CampaignContext, limit: int = 10) -> str:
-    rows = []
-    for i, r in enumerate(ctx.leaderboard(limit), 1):
-        cmp = ctx.compare(r)
-        speed = f"{cmp.speedup:.3f}x ±{cmp.noise * 100:.0f}%" if cmp else "-"
-        desc = (r.description or r.name)[:80]
-        rows.append(f"{i}. {r.build[:19]} {speed} knobs={json.dumps(r.knobs, sort_keys=True)} {desc}")
-    return "\n".join(rows) or "(empty)"
-
-
-def system_prompt(ctx: CampaignContext, instructions: str) -> str:
-    objective = ctx.objective
-    direction = "maximise" if objective.maximize else "minimise"
-    constraints = ", ".join(
-        f"{c.metric}"
-        + (f" >= {c.min:g}" if c.min is not None else "")
-        + (f" <= {c.max:g}" if c.max is not None else "")
-        for c in objective.constraints
-    )
-    workload = (
-        json.dumps(ctx.workload.model_dump(mode="json")) if ctx.workload is not None else "a captured trace"
-    )
-    gates = ctx.gates
-    text = f"""You are optimising the inference code of a large language model for one workload on one machine.
-You edit a build: a directory with build.toml (name, parent, knobs and their defaults) and Python modules
-whose entry point turns the loaded model into a hot path (prefill, decode, new_cache, sample, free, close).
-Every experiment hot-swaps your build into a running engine, checks it against the reference build's
-golden outputs, then benchmarks a replay of the workload.
-
-Hardware: {ctx.hardware or "unknown"}
-Workload profile: {workload}
-Objective: {direction} {objective.metric}.{" Constraints: " + constraints + "." if constraints else ""}
-Gates: token agreement >= {gates.tokenAgreement:g}, logit error <= {gates.logitTolerance:g}, and a result must be
-at least {gates.minSpeedup:g}x the baseline even at the unfavourable edge of the measured noise.
-
-Rules:
-- Correctness is checked on every experiment; a build that fails verification never wins. NaN never passes.
-- Never special-case the benchmark, the prompts or the workload; the code must be correct for any input.
-- Keep no module-level mutable state in the build; everything lives on the hot path object.
-- Make one idea per experiment, describe it in run_experiment's description, and call finish when done.
-- You have a budget of {ctx.experiments_left()} experiments and a token budget; use them well."""
-    if instructions.strip():
-        text += f"\n\nInstructions from the campaign owner:\n{instructions.strip()}"
-    return text
-
-
-ELIDED = " …(elided to save context; re-read the file if you need it)"
-
-
-def compact(messages: list[dict[str, Any]], keep: int = 12, limit: int = 400) -> None:
-    """Shorten tool results and written file contents older than the last ``keep`` messages, in place.
-
-    The conversation keeps its shape (every tool_use still has its tool_result), so the API
-    accepts it, but a long campaign no longer resends every file it ever read or wrote.
-    """
-    for msg in messages[1:-keep] if len(messages) > keep + 1 else []:
-        if not isinstance(msg["content"], list):
-            continue
-        for block in msg["content"]:
-            if block.get("type") == "tool_result" and isinstance(block.get("content"), str):
-                if len(block["content"]) > limit:
-                    block["content"] = block["content"][:limit] + ELIDED
-            elif block.get("type") == "tool_use" and isinstance(block.get("input"), dict):
-                content = block["input"].get("content")
-                if isinstance(content, str) and len(content) > limit:
-                    block["input"] = block["input"] | {"content": content[:limit] + ELIDED}
 
 
 def _block_param(block: Any) -> dict[str, Any] | None:
@@ -412,7 +222,7 @@ class ClaudeAgent:
             "Your working copy is a copy of the best build so far. Its files:",
         ]
         budget = MAX_SOURCE_CHARS
-        for rel, size in _files(work):
+        for rel, size in files_of(work):
             parts.append(f"--- {rel} ({size} bytes)")
             if size <= budget:
                 try:
@@ -431,7 +241,7 @@ class ClaudeAgent:
     def _tool(self, ctx: CampaignContext, work: Path, name: str, args: Any) -> str:
         args = args if isinstance(args, dict) else {}
         if name == "list_files":
-            return "\n".join(f"{rel} ({size} bytes)" for rel, size in _files(work)) or "(no files)"
+            return "\n".join(f"{rel} ({size} bytes)" for rel, size in files_of(work)) or "(no files)"
         if name == "read_file":
             path = safe_path(work, args.get("path"))
             if not path.is_file():

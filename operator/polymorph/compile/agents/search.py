@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from polymorph.api import ExperimentRecord
+from polymorph.builds import knob_variant, read_build
 from polymorph.compile.agents.base import CampaignContext
+from polymorph.store import build_id
 
 __all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep", "with_requirements"]
 
@@ -118,9 +120,6 @@ class SearchAgent:
         self._defaults: Config = {}
 
     def run(self, ctx: CampaignContext) -> str:
-        from polymorph.builds import read_build
-        from polymorph.store import build_id
-
         spec = read_build(ctx.base_dir)
         self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
         choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
@@ -179,8 +178,6 @@ class SearchAgent:
 
     def _attempt(self, ctx: CampaignContext, config: Config, description: str) -> ExperimentRecord | None:
         """Run ``config`` unless it ran already or another sandbox owns it."""
-        from polymorph.builds import knob_variant
-
         key = config_key(config)
         if key in self.tried:
             return self.tried[key]
