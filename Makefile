@@ -25,9 +25,12 @@ $(DEV_STAMP): $(RUN_STAMP)
 	$(BIN)/pip install -q -c .ci/constraints.txt -e '.[engine,agent,dev]'
 	touch $(DEV_STAMP)
 
+# lint-imports checks the layer contracts in pyproject.toml ([tool.importlinter]): the trust
+# boundary between polymorph and polymorph_engine, and the layers inside the engine.
 lint: venv
 	$(BIN)/ruff check operator engine_image tests e2e bench
 	$(BIN)/ruff format --check operator engine_image tests e2e bench
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy
