@@ -26,6 +26,9 @@ from pydantic import (
     model_validator,
 )
 
+from polymorph.api.rules import (
+    FieldError as FieldError,  # re-exported: validators raise it, validate reads it
+)
 from polymorph.api.rules import Rule, add_rules, cel_strictly_increasing, check_rules, strictly_increasing
 
 _DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
