@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from polymorph.api import Histogram, WorkloadProfile
@@ -138,7 +138,7 @@ class LiveProfile:
     requests: int
 
 
-def parse_profiles(results: dict[str, Sequence[Series]]) -> dict[DeploymentKey, LiveProfile]:
+def parse_profiles(results: Mapping[str, Sequence[Series]]) -> dict[DeploymentKey, LiveProfile]:
     """Every deployment's live profile from the results of ``profile_queries`` (those with traffic)."""
     buckets: dict[str, dict[DeploymentKey, dict[float, float]]] = {
         "prompt": defaultdict(dict),
@@ -182,7 +182,7 @@ def _finite(values: Iterable[tuple[dict[str, str], float]]) -> Iterable[tuple[di
     return ((labels, v) for labels, v in values if not (math.isnan(v) or math.isinf(v)))
 
 
-def parse_analysis(results: dict[str, Sequence[Series]]) -> dict[DeploymentKey, dict[str, TrackSamples]]:
+def parse_analysis(results: Mapping[str, Sequence[Series]]) -> dict[DeploymentKey, dict[str, TrackSamples]]:
     """``{(namespace, md): {track: TrackSamples}}`` from the results of ``analysis_queries``."""
     out: dict[DeploymentKey, dict[str, TrackSamples]] = defaultdict(dict)
 

@@ -73,6 +73,8 @@ class ClusterSettings:
     """Image of both sandbox containers (the engine image carries the ``polymorph`` command)."""
     fetch_image: str = "amazon/aws-cli:2.17.0"
     """Image of the init container that copies s3:// weights into the pod."""
+    anthropic_secret: tuple[str, str] | None = None
+    """(name, key) of the Anthropic key for Claude jobs whose spec names no apiKeySecretRef."""
 
 
 def build_label(build_id: str) -> str:
@@ -360,10 +362,11 @@ def sandbox_job(cj: CompileJob, settings: ClusterSettings) -> dict[str, Any]:
     }
     agent_env = [{"name": "HOME", "value": "/tmp"}, *_store_env(settings)]
     ref = spec.agent.apiKeySecretRef
-    if spec.agent.kind == "Claude" and ref is not None:
-        agent_env.append(
-            {"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
+    key_ref = {"name": ref.name, "key": ref.key} if ref is not None else None
+    if key_ref is None and settings.anthropic_secret is not None:
+        key_ref = {"name": settings.anthropic_secret[0], "key": settings.anthropic_secret[1]}
+    if spec.agent.kind == "Claude" and key_ref is not None:
+        agent_env.append({"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": key_ref}})
     agent = {
         "name": "agent",
         "image": settings.sandbox_image,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 __all__ = ["OperatorMetrics", "configure_logging", "object_log"]
 
 
-def _kopf_object(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Lift namespace and name out of a kopf object logger's record."""
     record = event.get("_record")
     ref = getattr(record, "k8s_ref", None) if record is not None else None
@@ -77,14 +78,25 @@ class OperatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.reconciles = Counter(
-            "polymorph_operator_reconciles", "Handler runs by kind and result.", ["kind", "handler", "result"], registry=r
+            "polymorph_operator_reconciles",
+            "Handler runs by kind and result.",
+            ["kind", "handler", "result"],
+            registry=r,
         )
         self.drift = Gauge(
-            "polymorph_operator_drift_score", "Latest drift score per deployment.", ["namespace", "model_deployment"], registry=r
+            "polymorph_operator_drift_score",
+            "Latest drift score per deployment.",
+            ["namespace", "model_deployment"],
+            registry=r,
         )
-        self.rollouts = Gauge("polymorph_operator_rollouts", "Deployments by rollout phase.", ["phase"], registry=r)
+        self.rollouts = Gauge(
+            "polymorph_operator_rollouts", "Deployments by rollout phase.", ["phase"], registry=r
+        )
         self.prometheus_queries = Counter(
-            "polymorph_operator_prometheus_queries", "PromQL queries sent, by outcome.", ["outcome"], registry=r
+            "polymorph_operator_prometheus_queries",
+            "PromQL queries sent, by outcome.",
+            ["outcome"],
+            registry=r,
         )
         self.prometheus_errors = Counter(
             "polymorph_operator_prometheus_errors", "PromQL queries that got no answer.", registry=r

@@ -1,0 +1,121 @@
+"""What every handler shares: the seams, the settings, the clock, and the little state the fleet keeps.
+
+Owns: ``Context`` (passed to kopf as its memo; kopf copies it shallowly per object, so
+everything mutable lives in shared sub-objects), ``Health`` (whether Prometheus answered
+last), ``AnalysisCache`` (the builtin analysis queries run once per interval for the whole
+fleet and shared by every deployment's rollout tick), ``status_patch`` (a JSON merge patch
+that turns one status into another, nulls for removed keys) and ``event`` (a Kubernetes
+Event through kopf's poster). It knows nothing about what the handlers decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from polymorph.clients.kube import Kube
+from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
+from polymorph.core import promql
+from polymorph.core.promql import DeploymentKey, TrackSamples
+from polymorph.handlers.observability import OperatorMetrics
+from polymorph.handlers.settings import OperatorConfig
+from polymorph.store import Store
+
+__all__ = ["AnalysisCache", "Context", "Health", "event", "status_patch", "utcnow"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass
+class Health:
+    """Whether Prometheus answered the last query (None) or why not."""
+
+    prometheus_error: str | None = None
+    since: datetime | None = None
+
+    def failed(self, why: str, now: datetime) -> None:
+        if self.prometheus_error is None:
+            self.since = now
+        self.prometheus_error = why
+
+    def ok(self) -> None:
+        self.prometheus_error = None
+        self.since = None
+
+
+@dataclass
+class AnalysisCache:
+    """Fleet-wide analysis samples per interval, fetched at most once per ``max_age_s``."""
+
+    max_age_s: float
+    _entries: dict[str, tuple[float, dict[DeploymentKey, dict[str, TrackSamples]]]] = field(
+        default_factory=dict
+    )
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def samples(
+        self, interval: str, query: CountingQuery, health: Health, now: datetime
+    ) -> dict[DeploymentKey, dict[str, TrackSamples]]:
+        lock = self._locks.setdefault(interval, asyncio.Lock())
+        async with lock:
+            entry = self._entries.get(interval)
+            if entry is not None and time.monotonic() - entry[0] < self.max_age_s:
+                return entry[1]
+            results = {}
+            try:
+                for name, text in promql.analysis_queries(interval).items():
+                    results[name] = await asyncio.to_thread(query, text)
+            except PrometheusUnavailable as exc:
+                health.failed(str(exc), now)
+                raise
+            health.ok()
+            parsed = promql.parse_analysis(results)
+            self._entries[interval] = (time.monotonic(), parsed)
+            return parsed
+
+
+@dataclass
+class Context:
+    """The operator's shared context (kopf's memo)."""
+
+    config: OperatorConfig
+    kube: Kube
+    query: CountingQuery
+    store: Store
+    metrics: OperatorMetrics
+    health: Health
+    analysis: AnalysisCache
+    clock: Callable[[], datetime] = utcnow
+    background: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
+    """The fleet loop's stop flag and task, started and stopped with the operator."""
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch from ``old`` to ``new``: changed keys, and None for keys ``new`` dropped."""
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            inner = status_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif value != before:
+            patch[key] = value
+    return patch
+
+
+def event(body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+    """Post a Kubernetes Event about ``body`` (an object with apiVersion, kind and metadata)."""
+    kopf.event(kopf.Body(dict(body)), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]

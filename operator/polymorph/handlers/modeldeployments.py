@@ -1,0 +1,364 @@
+"""ModelDeployment handlers: reconcile the children, run the rollout, keep status and conditions.
+
+A tick (on create, update, resume, and every ``--rollout-interval``) gathers inputs, calls
+the core and applies what it returns:
+- the spec through pydantic (a spec the CRD admits but the model refuses sets Degraded with
+  the one-sentence message and is a ``PermanentError``: no crash loop, no retry storm);
+- the rollout state from ``status.polymorph.rollout``; the stable and canary Deployments from
+  the kopf index of the Deployments the operator owns; the analysis (only when due) from the
+  fleet-wide analysis samples plus the deployment's custom queries;
+- ``core.rollout.step`` -> the next state, Events and effects (promotion, history);
+- ``core.resources`` -> the Deployments, written only when they differ from what is there;
+- status: observedGeneration, activeBuild, the public ``status.rollout`` view, history,
+  the Ready/Compiling/RollingOut/Degraded conditions and the phase, patched only where it
+  changed. It never writes spec.
+
+It knows nothing about drift (``fleet``) or sandboxes (``compilejobs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import typing
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import kopf
+
+from polymorph.api import (
+    BuildStatus,
+    ModelDeployment,
+    ModelDeploymentStatus,
+    RolloutRecord,
+    RolloutStatus,
+    parse_duration,
+)
+from polymorph.api.modeldeployment import RolloutPhase
+from polymorph.clients.kube import DEPLOYMENTS, SERVICES, KubeError, apply, contains
+from polymorph.clients.prometheus import PrometheusUnavailable
+from polymorph.core import promql, rollout
+from polymorph.core.analysis import AnalysisRun, run_analysis
+from polymorph.core.conditions import deployment_phase, find, set_condition
+from polymorph.core.resources import ANNOTATION_BUILD_ID, canary_name, serving_deployment, serving_service
+from polymorph.handlers.context import Context, event, status_patch
+from polymorph.handlers.observability import object_log
+from polymorph.validate import validate_document
+
+__all__ = ["ANNOTATION_ABORT", "ANNOTATION_APPROVE", "parse", "public_rollout", "tick"]
+
+ANNOTATION_APPROVE = "polymorph.dev/approve"
+ANNOTATION_ABORT = "polymorph.dev/abort"
+HISTORY = 10
+_API_PHASES = set(typing.get_args(RolloutPhase))
+# Until the API's RolloutPhase lists every phase of the state machine, the public view maps the
+# missing ones onto the nearest it has; status.polymorph.rollout always holds the exact phase.
+_PHASE_FALLBACK = {
+    "Promoting": "Progressing",
+    "RollingBack": "Progressing",
+    "Succeeded": "Promoted",
+    "Aborted": "Failed",
+}
+
+
+def parse(body: Mapping[str, Any]) -> tuple[ModelDeployment | None, str]:
+    """The ModelDeployment (status aside), or None and the one-sentence reason it is invalid."""
+    doc = {k: v for k, v in body.items() if k != "status"}
+    doc["metadata"] = {k: v for k, v in dict(body.get("metadata", {})).items() if k != "managedFields"}
+    obj, _, problems = validate_document(doc)
+    if obj is None or not isinstance(obj, ModelDeployment):
+        return None, "; ".join(problems) or "the ModelDeployment is invalid"
+    try:
+        status = ModelDeploymentStatus.model_validate(dict(body.get("status") or {}))
+    except ValueError:
+        status = ModelDeploymentStatus()
+    return obj.model_copy(update={"status": status}), ""
+
+
+def public_rollout(state: rollout.RolloutState, obs: rollout.Observation | None) -> RolloutStatus:
+    """The ``status.rollout`` users read: phase, step, weights, replicas and analysis beside thresholds."""
+    phase = state.phase if state.phase in _API_PHASES else _PHASE_FALLBACK[state.phase]
+    active = state.phase not in rollout.TERMINAL
+    weight = None
+    if obs is not None and active and obs.steps:
+        weight = obs.steps[min(state.step, len(obs.steps) - 1)].weight
+    return RolloutStatus(
+        phase=phase,
+        build=state.build,
+        step=state.step if active else None,
+        weight=weight,
+        actualWeight=rollout.actual_weight(obs) if obs is not None else None,
+        canaryReplicas=state.canaryReplicas,
+        stableReplicas=state.stableReplicas,
+        stepStartedAt=state.stepStartedAt,
+        failures=state.failures,
+        analysis=state.analysis,
+        message=state.message,
+    )
+
+
+def _track(body: Mapping[str, Any] | None) -> rollout.TrackObservation | None:
+    if body is None:
+        return None
+    spec, status, meta = body.get("spec", {}), body.get("status") or {}, body.get("metadata", {})
+    annotations = spec.get("template", {}).get("metadata", {}).get("annotations", {})
+    replicas = int(spec.get("replicas") or 0)
+    updated = (
+        int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+        and int(status.get("updatedReplicas") or 0) >= replicas
+    )
+    return rollout.TrackObservation(
+        build=annotations.get(ANNOTATION_BUILD_ID, ""),
+        replicas=replicas,
+        ready=int(status.get("readyReplicas") or 0),
+        updated=updated,
+    )
+
+
+def _indexed(index: Any, key: tuple[str, str]) -> dict[str, Any] | None:
+    store = index.get(key) if index is not None else None
+    return next(iter(store), None) if store else None
+
+
+def _observation(md: ModelDeployment, now: datetime, active: str, deployments: Any) -> rollout.Observation:
+    spec, status = md.spec, md.status or ModelDeploymentStatus()
+    ns, name = md.metadata.namespace or "default", md.metadata.name
+    annotations = md.metadata.annotations
+    candidate = status.candidateBuild.id if status.candidateBuild is not None else None
+    return rollout.Observation(
+        now=now,
+        replicas=spec.replicas,
+        steps=tuple(rollout.Step(s.weight, parse_duration(s.pause)) for s in spec.rollout.steps),
+        interval_s=parse_duration(spec.rollout.analysis.interval),
+        failure_limit=spec.rollout.analysis.failureLimit,
+        on_failure=spec.rollout.onFailure,
+        active=active,
+        candidate=None if spec.build.pinned else candidate,
+        policy=spec.build.policy,
+        stable=_track(_indexed(deployments, (ns, name))),
+        canary=_track(_indexed(deployments, (ns, canary_name(name)))),
+        abort=annotations.get(ANNOTATION_ABORT, "").lower() == "true",
+        approved=annotations.get(ANNOTATION_APPROVE),
+    )
+
+
+async def _analysis(md: ModelDeployment, ctx: Context, now: datetime) -> AnalysisRun | None:
+    """One analysis run, or None when Prometheus did not answer (no decision on missing numbers)."""
+    spec = md.spec.rollout.analysis
+    ns, name = md.metadata.namespace or "default", md.metadata.name
+    try:
+        tracks = None
+        if any(m.builtin for m in spec.metrics):
+            fleet = await ctx.analysis.samples(spec.interval, ctx.query, ctx.health, now)
+            tracks = fleet.get((ns, name))
+        custom: dict[str, float | None] = {}
+        for metric in spec.metrics:
+            if metric.query is not None:
+                text = promql.substitute(metric.query, name=name, namespace=ns, interval=spec.interval)
+                custom[metric.name] = promql.scalar(await asyncio.to_thread(ctx.query, text))
+        ctx.health.ok()
+    except PrometheusUnavailable as exc:
+        ctx.health.failed(str(exc), now)
+        return None
+    return run_analysis(spec, tracks, custom, now)
+
+
+async def _ensure_deployment(
+    ctx: Context, current: Mapping[str, Any] | None, desired: dict[str, Any]
+) -> None:
+    wanted = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
+    if current is not None and contains(current, wanted):
+        return
+    await asyncio.to_thread(apply, ctx.kube, DEPLOYMENTS, desired)
+
+
+async def _children(md: ModelDeployment, ctx: Context, tracks: rollout.Tracks, deployments: Any) -> None:
+    ns, name = md.metadata.namespace or "default", md.metadata.name
+    settings = ctx.config.cluster
+    stable = serving_deployment(md, "stable", tracks.stable[0], tracks.stable[1], settings)
+    await _ensure_deployment(ctx, _indexed(deployments, (ns, name)), stable)
+    current_canary = _indexed(deployments, (ns, canary_name(name)))
+    if tracks.canary is not None:
+        canary = serving_deployment(md, "canary", tracks.canary[0], tracks.canary[1], settings)
+        await _ensure_deployment(ctx, current_canary, canary)
+    elif current_canary is not None:
+        await asyncio.to_thread(ctx.kube.delete, DEPLOYMENTS, ns, canary_name(name))
+
+
+def _conditions(
+    md: ModelDeployment,
+    status: ModelDeploymentStatus,
+    state: rollout.RolloutState,
+    obs: rollout.Observation,
+    ctx: Context,
+    now: datetime,
+) -> None:
+    gen = md.metadata.generation
+    ready = (obs.stable.ready if obs.stable else 0) + (obs.canary.ready if obs.canary else 0)
+    want = md.spec.replicas
+    c = status.conditions
+    if ready >= want:
+        c = set_condition(c, "Ready", "True", "ReplicasReady", f"{ready}/{want} replicas ready", now, gen)
+    else:
+        c = set_condition(c, "Ready", "False", "ReplicasNotReady", f"{ready}/{want} replicas ready", now, gen)
+    job = status.lastCompileJob
+    compiling = job is not None and job.name is not None and job.phase in (None, "Pending", "Running")
+    if compiling and job is not None:
+        c = set_condition(
+            c,
+            "Compiling",
+            "True",
+            job.phase or "Pending",
+            f"CompileJob {job.name} is {job.phase or 'Pending'}",
+            now,
+            gen,
+        )
+    else:
+        last = (
+            f"last CompileJob {job.name} {job.phase}"
+            if job is not None and job.name
+            else "no CompileJob running"
+        )
+        c = set_condition(c, "Compiling", "False", "Idle", last, now, gen)
+    if state.phase in rollout.TERMINAL:
+        c = set_condition(
+            c, "RollingOut", "False", state.phase, state.message or "no rollout in progress", now, gen
+        )
+    else:
+        c = set_condition(c, "RollingOut", "True", state.phase, state.message or state.phase, now, gen)
+    error = ctx.health.prometheus_error
+    if error is not None:
+        c = set_condition(
+            c,
+            "Degraded",
+            "True",
+            "PrometheusUnavailable",
+            f"no decisions while Prometheus is unavailable: {error}",
+            now,
+            gen,
+        )
+    else:
+        c = set_condition(
+            c, "Degraded", "False", "AsExpected", "Prometheus answers and the spec is valid", now, gen
+        )
+    status.conditions = c
+    status.phase = deployment_phase(c)
+
+
+def _announce_degraded(
+    body: Mapping[str, Any], old: ModelDeploymentStatus, new: ModelDeploymentStatus
+) -> None:
+    """An Event when Degraded flips, once, not every tick."""
+    before, after = find(old.conditions, "Degraded"), find(new.conditions, "Degraded")
+    was = before is not None and before.status == "True"
+    if after is None or (after.status == "True") == was:
+        return
+    if after.status == "True":
+        event(body, "Degraded", after.message, "Warning")
+    elif was:
+        event(body, "Recovered", f"no longer degraded (was: {before.message if before else ''})")
+
+
+async def _set_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str, now: datetime) -> None:
+    old = (
+        ModelDeploymentStatus.model_validate(dict(body.get("status") or {}))
+        if body.get("status")
+        else ModelDeploymentStatus()
+    )
+    conditions = set_condition(
+        old.conditions, "Degraded", "True", "InvalidSpec", message, now, body["metadata"].get("generation")
+    )
+    if find(old.conditions, "Degraded") != find(conditions, "Degraded"):
+        patch.status["conditions"] = [c.model_dump(mode="json", exclude_none=True) for c in conditions]
+        patch.status["phase"] = "Degraded"
+        patch.status["observedGeneration"] = body["metadata"].get("generation")
+        event(body, "InvalidSpec", message, "Warning")
+
+
+def _effects(
+    actions: list[rollout.Action], body: Mapping[str, Any], status: ModelDeploymentStatus, now: datetime
+) -> None:
+    for action in actions:
+        if isinstance(action, rollout.Emit):
+            event(body, action.reason, action.message, action.type)
+        elif isinstance(action, rollout.Promote):
+            cand = status.candidateBuild
+            base = (
+                cand.model_copy()
+                if cand is not None and cand.id == action.build
+                else BuildStatus(id=action.build)
+            )
+            status.activeBuild = base.model_copy(update={"since": now})
+        elif isinstance(action, rollout.Record):
+            record = RolloutRecord(
+                build=action.build, fromBuild=action.fromBuild, outcome=action.outcome,
+                startedAt=action.startedAt, finishedAt=action.finishedAt, reason=action.reason,
+            )  # fmt: skip
+            status.history = [*status.history, record][-HISTORY:]
+
+
+async def tick(
+    body: Mapping[str, Any], patch: kopf.Patch, ctx: Context, deployments: Any, *, first: bool
+) -> str:
+    """One reconcile of a ModelDeployment; returns the rollout phase (for the operator's metrics)."""
+    meta = body["metadata"]
+    log = object_log(meta.get("namespace"), meta.get("name"), "ModelDeployment")
+    now = ctx.clock()
+    md, problem = parse(body)
+    if md is None:
+        await _set_invalid(body, patch, problem, now)
+        raise kopf.PermanentError(problem)
+    old = md.status or ModelDeploymentStatus()
+    status = old.model_copy(deep=True)
+    status.observedGeneration = md.metadata.generation
+    pinned = md.spec.build.pinned
+    if pinned is not None:
+        status.activeBuild = (
+            status.activeBuild
+            if status.activeBuild and status.activeBuild.id == pinned
+            else BuildStatus(id=pinned, since=now)
+        )
+    elif status.activeBuild is None or status.activeBuild.id is None:
+        status.activeBuild = BuildStatus(id="reference", name="reference", since=now)
+    active = status.activeBuild.id or "reference"
+    internal = dict((body.get("status") or {}).get("polymorph") or {})
+    state = rollout.RolloutState.model_validate(internal.get("rollout") or {})
+    obs = _observation(md.model_copy(update={"status": status}), now, active, deployments)
+    if pinned is None and rollout.analysis_due(state, obs):
+        obs = rollout_obs_with(obs, await _analysis(md, ctx, now))
+    if pinned is not None and state.phase not in rollout.TERMINAL:
+        state = state.model_copy(
+            update={"phase": "Aborted", "message": f"pinned to {pinned}", "finishedAt": now}
+        )
+    new_state, actions = rollout.step(state, obs) if pinned is None else (state, [])
+    _effects(actions, body, status, now)
+    if any(isinstance(a, rollout.Promote) for a in actions):
+        obs = rollout_obs_with(obs, obs.analysis, active=status.activeBuild.id or active)
+    tracks = rollout.desired(new_state, obs)
+    try:
+        if first:
+            await asyncio.to_thread(apply, ctx.kube, SERVICES, serving_service(md))
+        await _children(md, ctx, tracks, deployments)
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"could not write the children: {exc}", delay=10) from None
+    status.rollout = public_rollout(new_state, obs)
+    _conditions(md, status, new_state, obs, ctx, now)
+    _announce_degraded(body, old, status)
+    new_doc = status.model_dump(mode="json", exclude_none=True)
+    new_doc["polymorph"] = {"rollout": new_state.model_dump(mode="json", exclude_none=True)}
+    old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}
+    diff = status_patch(old_doc, new_doc)
+    for key, value in diff.items():
+        patch.status[key] = value
+    for action in actions:
+        if isinstance(action, rollout.Emit):
+            log.info("rollout decision", reason=action.reason, message=action.message)
+    return new_state.phase
+
+
+def rollout_obs_with(
+    obs: rollout.Observation, run: AnalysisRun | None, active: str | None = None
+) -> rollout.Observation:
+    """The observation with this tick's analysis run (and, after a promotion, the new active build)."""
+    return replace(obs, analysis=run, active=active or obs.active)

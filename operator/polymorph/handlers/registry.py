@@ -1,0 +1,179 @@
+"""kopf wiring: which handler runs on what, with typed keyword arguments plus ``**_``.
+
+Owns the registry (built per operator, so intervals come from the flags), the indexes
+(ModelDeployments for the fleet loop, the operator's Deployments for rollout observations,
+CompileJobs by deployment for "is one running"), and kopf's settings: progress and diff-base
+storage in ``status.kopf`` (never annotations, so GitOps tools see no drift), no Events from
+log lines (only the decisions handlers post), and peering unless ``--standalone``.
+It knows nothing about what the handlers decide; it only connects them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY
+from polymorph.handlers import compilejobs, fleet, modeldeployments
+from polymorph.handlers.context import Context
+
+__all__ = ["GROUP", "build_registry", "kopf_settings"]
+
+GROUP, VERSION = "polymorph.dev", "v1alpha1"
+_TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+
+def kopf_settings(ctx: Context) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
+        field="status.kopf.last-handled-configuration"
+    )
+    settings.persistence.finalizer = "polymorph.dev/operator"
+    settings.posting.level = logging.CRITICAL + 1  # Events only for decisions, never for log lines
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 8
+    settings.peering.standalone = ctx.config.standalone
+    settings.peering.name = ctx.config.peering
+    settings.peering.clusterwide = ctx.config.all_namespaces
+    return settings
+
+
+def build_registry(ctx: Context) -> kopf.OperatorRegistry:
+    """Every handler of the operator, registered on a fresh registry."""
+    registry = kopf.OperatorRegistry()
+    rollout_every = ctx.config.rollout_interval_s
+    md = (GROUP, VERSION, "modeldeployments")
+    cj = (GROUP, VERSION, "compilejobs")
+
+    @kopf.index(*md, registry=registry)
+    def modeldeployment_index(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[tuple[str | None, str], Any]:
+        return {(namespace, name): dict(body)}
+
+    @kopf.index("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
+    def deployment_index(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[tuple[str | None, str], Any]:
+        return {(namespace, name): dict(body)}
+
+    @kopf.index(*cj, registry=registry)
+    def compilejob_index(
+        namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str | None, str], tuple[str, str]]:
+        ref = (spec.get("deploymentRef") or {}).get("name") or labels.get(LABEL_MODEL_DEPLOYMENT)
+        return {(namespace, ref): (name, status.get("phase") or "Pending")} if ref else {}
+
+    async def _md_tick(
+        body: kopf.Body,
+        patch: kopf.Patch,
+        memo: Context,
+        deployment_index: kopf.Index[Any, Any],
+        first: bool,
+        handler: str,
+    ) -> None:
+        try:
+            await modeldeployments.tick(body, patch, memo, deployment_index, first=first)
+        except kopf.PermanentError:
+            memo.metrics.reconciles.labels("ModelDeployment", handler, "invalid").inc()
+            raise
+        except kopf.TemporaryError:
+            memo.metrics.reconciles.labels("ModelDeployment", handler, "retry").inc()
+            raise
+        memo.metrics.reconciles.labels("ModelDeployment", handler, "ok").inc()
+
+    # kopf's handler protocols do not model index keyword arguments, hence the ignores below.
+    @kopf.on.resume(*md, registry=registry)
+    @kopf.on.create(*md, registry=registry)
+    @kopf.on.update(*md, registry=registry)  # type: ignore[arg-type]
+    async def modeldeployment_reconcile(
+        body: kopf.Body, patch: kopf.Patch, memo: Context, deployment_index: kopf.Index[Any, Any], **_: Any
+    ) -> None:
+        await _md_tick(body, patch, memo, deployment_index, True, "reconcile")
+
+    @kopf.timer(*md, interval=rollout_every, initial_delay=min(rollout_every, 1.0), registry=registry)  # type: ignore[arg-type]
+    async def modeldeployment_rollout(
+        body: kopf.Body, patch: kopf.Patch, memo: Context, deployment_index: kopf.Index[Any, Any], **_: Any
+    ) -> None:
+        await _md_tick(body, patch, memo, deployment_index, False, "rollout")
+        _count_phases(memo, modeldeployment_index_ref)
+
+    modeldeployment_index_ref: list[Any] = []
+
+    @kopf.on.resume(*cj, registry=registry)
+    @kopf.on.create(*cj, registry=registry)
+    async def compilejob_create(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
+        await compilejobs.create(body, patch, memo)
+        memo.metrics.reconciles.labels("CompileJob", "create", "ok").inc()
+
+    def _active(status: kopf.Status, **_: Any) -> bool:
+        return status.get("phase") not in _TERMINAL
+
+    @kopf.timer(
+        *cj, interval=rollout_every, initial_delay=min(rollout_every, 1.0), when=_active, registry=registry
+    )
+    async def compilejob_progress(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
+        await compilejobs.progress(body, patch, memo)
+        memo.metrics.reconciles.labels("CompileJob", "progress", "ok").inc()
+
+    @kopf.on.startup(registry=registry)  # type: ignore[arg-type]
+    async def start_fleet(
+        memo: Context,
+        modeldeployment_index: kopf.Index[Any, Any],
+        compilejob_index: kopf.Index[Any, Any],
+        **_: Any,
+    ) -> None:
+        modeldeployment_index_ref.append(modeldeployment_index)
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            fleet.fleet_loop(memo, modeldeployment_index, compilejob_index, stop),
+            name="polymorph-fleet-drift",
+        )
+        memo.background.append((stop, task))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_fleet(memo: Context, **_: Any) -> None:
+        for stop, task in memo.background:
+            stop.set()
+            task.cancel()
+        memo.background.clear()
+
+    @kopf.on.probe(id="prometheus", registry=registry)
+    def prometheus_probe(memo: Context, **_: Any) -> str:
+        return memo.health.prometheus_error or "ok"
+
+    return registry
+
+
+def _count_phases(ctx: Context, index_ref: list[Any]) -> None:
+    if not index_ref:
+        return
+    counts: dict[str, int] = {}
+    index = index_ref[0]
+    for key in list(index):
+        for body in index.get(key, ()):
+            phase = _rollout_phase(body)
+            counts[phase] = counts.get(phase, 0) + 1
+    for phase in (
+        "Idle",
+        "Progressing",
+        "Paused",
+        "Promoting",
+        "Succeeded",
+        "RollingBack",
+        "RolledBack",
+        "Aborted",
+    ):
+        ctx.metrics.rollouts.labels(phase).set(counts.get(phase, 0))
+
+
+def _rollout_phase(body: Mapping[str, Any]) -> str:
+    state = ((body.get("status") or {}).get("polymorph") or {}).get("rollout") or {}
+    return str(state.get("phase") or "Idle")
