@@ -118,6 +118,7 @@ def test_kubernetes_validate_catches_a_bad_manifest(tmp_path: Path) -> None:
             "additional properties 'prometheusURL' not allowed",
         ),
     ],
+    ids=lambda case: json.dumps(case, separators=(",", ":")) if isinstance(case, dict) else None,
 )
 def test_values_schema_rejects_bad_values_naming_the_field(
     values: dict[str, Any], message: str, tmp_path: Path
@@ -442,3 +443,4 @@ def test_notes_render(tmp_path: Path) -> None:
     notes = done.stdout.split("NOTES:", 1)[1]
     assert "the namespaces team-a, team-b" in notes and 'kopf peering "polymorph"' in notes
     assert f"kubectl -n {NAMESPACE} rollout status deployment/{FULLNAME}" in notes
+    assert "helm show crds CHART | kubectl apply --server-side -f -" in notes
