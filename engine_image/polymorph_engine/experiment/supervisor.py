@@ -1,7 +1,7 @@
 """Crash containment: experiments run in a supervised child process that holds the model.
 
 ``Supervisor(model_source, device, dtype, workload, gates, experiment_timeout, ...)`` is an
-``ExperimentRunner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
+``polymorph.compile.runner.Runner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
 the weights once, computes the golden outputs from the reference build, and then runs one
 experiment per request over a pipe (``experiment.run_experiment`` in a hot ``Engine``).
 
@@ -29,6 +29,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -206,7 +207,7 @@ class Supervisor:
         )
         self.stats = SupervisorStats()
         self._ctx = mp.get_context("spawn")
-        self._process: Any = None
+        self._process: SpawnProcess | None = None
         self._conn: Connection | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class Supervisor:
 
     def close(self) -> None:
         """Stop the worker (politely, then by force)."""
-        if self._conn is not None and self.alive:
+        if self._conn is not None and self._process is not None and self.alive:
             try:
                 self._conn.send(("stop",))
                 self._process.join(timeout=10)

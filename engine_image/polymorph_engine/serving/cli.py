@@ -22,11 +22,10 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from polymorph.builds import resolve_build_arg
 from polymorph.errors import BuildError, StoreError, UsageError
-from polymorph.store import build_id, open_store
+from polymorph.store import Store, build_id, open_store
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving.metrics import ServerMetrics
@@ -185,23 +184,30 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--shutdown-grace must be >= 0 seconds, got {args.shutdown_grace}.")
 
 
-def _open_store(uri: str | None) -> Any:
+def _open_store(uri: str | None) -> Store:
     try:
         return open_store(uri)
     except StoreError as exc:
         raise UsageError(f"--store {uri}: {exc}") from None
 
 
-def _resolve_build(arg: str, store: Any, cache: Path) -> tuple[Path, str]:
+def _resolve_build(arg: str, store: Store | None, cache: Path) -> tuple[Path, str]:
     """The build directory to serve and its id; store builds are fetched and hash-verified."""
-    path = resolve_build_arg(arg, "--build", lambda: store, cache)
+
+    def the_store() -> Store:  # asked for only for a build id, and then the store was opened
+        assert store is not None
+        return store
+
+    path = resolve_build_arg(arg, "--build", the_store, cache)
     return path, arg if arg.startswith("sha256:") else build_id(path)
 
 
 class _TraceFlusher:
     """Flushes the sampled trace to the store on an interval and once more at ``stop()``."""
 
-    def __init__(self, sampler: Any, store: Any, namespace: str, model_deployment: str) -> None:
+    def __init__(
+        self, sampler: TraceSampler | None, store: Store | None, namespace: str, model_deployment: str
+    ) -> None:
         self.sampler = sampler
         self.store = store
         self.namespace = namespace
