@@ -95,3 +95,13 @@ def test_label_selector_and_delete(applied: Kubectl) -> None:
 def test_get_namespaces_and_api_resources(run: Kubectl) -> None:
     assert "default" in run("get", "namespaces").stdout
     assert "deployments" in run("api-resources").stdout
+
+
+def test_typed_commands_send_protobuf_and_are_understood(run: Kubectl) -> None:
+    run("create", "namespace", "proto")
+    run("create", "secret", "generic", "s", "--from-literal=key=value", "-n", "proto")
+    run("create", "configmap", "c", "--from-literal=x=y", "-n", "proto")
+    assert run("get", "secret", "s", "-n", "proto", "-o", "jsonpath={.data.key}").stdout == "dmFsdWU="
+    assert run("get", "configmap", "c", "-n", "proto", "-o", "jsonpath={.data.x}").stdout == "y"
+    assert 'namespace "proto" deleted' in run("delete", "namespace", "proto").stdout
+    assert run("get", "secrets", "-n", "proto", "-o", "name").stdout == ""

@@ -29,6 +29,7 @@ from kmock._internal.rendering import Response
 
 from .discovery import discovery_document
 from .patches import merge_patch, strip_directives
+from .protobuf import ProtobufUnsupported, decode_object
 from .resources import (
     BUILTIN_TYPES,
     CRD_KEY,
@@ -100,30 +101,46 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
             )
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        content_type = raw_request.headers.get("Content-Type", "")
+        binary = "protobuf" in content_type or "cbor" in content_type
         try:
-            parsing.parse_path(raw_request.path)
-        except ValueError:  # kmock 0.8 cannot parse ``/api/v1/namespaces``: serve it without reactions
-            body = await raw_request.read()
-            try:
-                data = json.loads(body) if body else None
-            except ValueError:
-                data = None
-            request = kmock.Request(
-                id=len(self._requests),
-                method=raw_request.method,
-                url=raw_request.url,
-                params=dict(raw_request.query),
-                headers=dict(raw_request.headers),
-                body=body,
-                text=body.decode(errors="replace"),
-                data=data,
-                resource=kmock.resource("", "v1", "namespaces"),
-                raw_request=raw_request,
+            resource = _resource_of(raw_request.path)
+        except ValueError:  # kmock 0.8 cannot parse ``/api/v1/namespaces``
+            resource = kmock.resource("", "v1", "namespaces")
+        else:
+            if not binary:
+                return await super().__call__(raw_request)
+        # kmock cannot parse this request itself: build its Request here, decoding protobuf to JSON.
+        body = await raw_request.read()
+        error: ApiError | None = None
+        data: Any = None
+        try:
+            data = decode_object(body) if binary and body else json.loads(body) if body else None
+        except ProtobufUnsupported as problem:
+            if raw_request.method != "DELETE":  # a DELETE's protobuf DeleteOptions: use the defaults
+                error = ApiError(415, "UnsupportedMediaType", str(problem))
+        except ValueError:
+            data = None
+        headers = dict(raw_request.headers) | ({"Content-Type": "application/json"} if binary else {})
+        request = kmock.Request(
+            id=len(self._requests),
+            method=raw_request.method,
+            url=raw_request.url,
+            params=dict(raw_request.query),
+            headers=headers,
+            body=b"" if binary and data is None else body,  # undecodable DeleteOptions: the defaults
+            data=data,
+            resource=resource,
+            raw_request=raw_request,
+        )
+        self._requests.append(request)
+        if error is not None:
+            rejected: aiohttp.web.StreamResponse = await Response(status=error.code, payload=error.status())(
+                request
             )
-            self._requests.append(request)
-            response: aiohttp.web.StreamResponse = await (await self._serve(request))(request)
-            return response
-        return await super().__call__(raw_request)
+            return rejected
+        response: aiohttp.web.StreamResponse = await self._handle(request)
+        return response
 
     async def _handle(self, request: kmock.Request) -> Any:
         # Skip KubernetesEmulator._handle: it mutates its own store before the reactions run.
@@ -714,6 +731,14 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
         group, _, version = api_version.rpartition("/")
         rtype = self._types.get((group, version, plural))
         return None if rtype is None else copy.deepcopy(self._lookup(rtype, namespace, name))
+
+
+def _resource_of(path: str) -> kmock.resource | None:
+    """kmock's own reading of a path (ValueError where kmock 0.8 cannot parse it)."""
+    parsed = parsing.parse_path(path)
+    if parsed.group is None:
+        return None
+    return kmock.resource(parsed.group, parsed.version, parsed.plural)
 
 
 def _rbac_verb(method: str, name: str | None, watching: bool) -> str:
