@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
-import json
 import shutil
 import tempfile
 import threading
@@ -35,7 +34,7 @@ from typing import Any
 from polymorph.compile.runner import Runner
 from polymorph.errors import StoreError, UsageError
 from polymorph.store import archive_id, build_id, unpack_build
-from polymorph_engine.serving.openai_api import RequestError
+from polymorph_engine.serving.openai_api import RequestError, json_object
 from polymorph_engine.serving.server import EngineHTTPServer, make_server
 
 __all__ = ["SandboxAdmin", "serve_admin"]
@@ -101,7 +100,7 @@ class SandboxAdmin:
     # -- endpoints ----------------------------------------------------------------------------
 
     def _experiment(self, body: bytes) -> tuple[int, Any]:
-        doc = _json_object(body)
+        doc = json_object(body)
         description = doc.get("description", "")
         if not isinstance(description, str):
             raise RequestError("description must be a string.", param="description")
@@ -119,7 +118,7 @@ class SandboxAdmin:
         return 200, record.model_dump(mode="json")
 
     def _load(self, body: bytes) -> tuple[int, Any]:
-        build_dir, build = self._unpack(_json_object(body))
+        build_dir, build = self._unpack(json_object(body))
         try:
             if self.on_load is not None:
                 self.on_load(build_dir, build)
@@ -164,16 +163,6 @@ class SandboxAdmin:
             shutil.rmtree(dest, ignore_errors=True)
             raise RequestError(f"the unpacked build hashes to {on_disk}, not {computed}.", param="archive")
         return dest, computed
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON ({exc}).") from None
-    if not isinstance(doc, dict):
-        raise RequestError("the request body must be a JSON object.")
-    return doc
 
 
 def serve_admin(

@@ -27,6 +27,7 @@ __all__ = [
     "CompletionParams",
     "RequestError",
     "TextTokenizer",
+    "json_object",
     "parse_completion_request",
     "stop_scan",
 ]
@@ -74,6 +75,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; ``RequestError`` (a 400) when it is not one."""
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON ({exc}).") from None
+    if not isinstance(doc, dict):
+        raise RequestError("the request body must be a JSON object.")
+    return doc
+
+
 def parse_completion_request(
     body: bytes,
     *,
@@ -83,12 +95,7 @@ def parse_completion_request(
     model_names: Sequence[str],
 ) -> CompletionParams:
     """Validate an OpenAI ``/v1/completions`` body; raise ``RequestError`` naming the bad field."""
-    try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON ({exc}).") from None
-    if not isinstance(doc, dict):
-        raise RequestError("the request body must be a JSON object.")
+    doc = json_object(body)
     model = doc.get("model", model_names[0])
     if not isinstance(model, str) or model not in model_names:
         raise RequestError(

@@ -96,30 +96,12 @@ class RemoteRunner:
         }
         try:
             status, doc = self._request("POST", "/admin/experiments", body, self.timeout)
-        except TimeoutError:
-            return self._record(
-                ident,
-                "timeout",
-                f"no answer from {self.base_url} within {self.timeout:g} s",
-                description,
-                started,
-            )
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                return self._record(
-                    ident,
-                    "timeout",
-                    f"no answer from {self.base_url} within {self.timeout:g} s",
-                    description,
-                    started,
-                )
-            return self._record(
-                ident,
-                "crashed",
-                f"the sandbox engine at {self.base_url} is unreachable: {exc.reason}",
-                description,
-                started,
-            )
+        except (TimeoutError, urllib.error.URLError) as exc:
+            if isinstance(exc, TimeoutError) or isinstance(exc.reason, TimeoutError):
+                why = f"no answer from {self.base_url} within {self.timeout:g} s"
+                return self._record(ident, "timeout", why, description, started)
+            why = f"the sandbox engine at {self.base_url} is unreachable: {exc.reason}"
+            return self._record(ident, "crashed", why, description, started)
         except (OSError, json.JSONDecodeError) as exc:
             return self._record(
                 ident, "crashed", f"the sandbox engine at {self.base_url} failed: {exc}", description, started
