@@ -429,3 +429,11 @@ def test_cel_and_pydantic_agree_on_random_manifests() -> None:
         assert cel_ok == (validate_lines(doc) == []), (doc, check(doc), validate_lines(doc))
         verdicts[cel_ok] += 1
     assert min(verdicts.values()) > 50  # both outcomes were exercised
+
+
+def test_explicit_null_is_the_one_known_difference() -> None:
+    """The API server keeps an explicit null on a nullable field, and has() counts it as given;
+    validate reads null as absent. The difference only ever makes apply time the stricter one."""
+    doc = with_(CJ, "spec.workload.traceUri", None)
+    assert validate_lines(doc) == []
+    assert check(doc) == [("spec.workload", "workload needs exactly one of profile or traceUri")]

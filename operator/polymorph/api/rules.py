@@ -14,7 +14,10 @@ the two can be equal. Two semantic notes the rules follow:
 
 - The CRD schema carries no defaults (the models apply them), so a rule that reads an
   optional field guards it with ``has()``; the predicate reads the model's default instead.
-- ``has()`` is "the field is given", and the predicate reads ``None`` as "not given".
+- ``has()`` is "the field is given", and the predicate reads ``None`` as "not given". They differ
+  in one case only: an explicit ``null`` on an optional field (kept by the API server, as the
+  CRD marks optional fields nullable) counts as given for ``has()``. So ``{profile: {...},
+  traceUri: null}`` passes ``validate`` and is rejected at apply time; never the reverse.
 
 This module knows nothing about any one resource.
 """
