@@ -444,3 +444,9 @@ def test_notes_render(tmp_path: Path) -> None:
     assert "the namespaces team-a, team-b" in notes and 'kopf peering "polymorph"' in notes
     assert f"kubectl -n {NAMESPACE} rollout status deployment/{FULLNAME}" in notes
     assert "helm show crds CHART | kubectl apply --server-side -f -" in notes
+
+
+def test_chart_needs_a_kubernetes_with_cel_validation() -> None:
+    assert helm_run("template", RELEASE, str(CHART), "--kube-version", "1.29.0").returncode == 0
+    done = helm_run("template", RELEASE, str(CHART), "--kube-version", "1.28.0")
+    assert done.returncode != 0 and "chart requires kubeVersion: >=1.29.0-0" in done.stderr
