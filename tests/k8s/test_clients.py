@@ -35,10 +35,11 @@ def test_the_kubernetes_client_creates_lists_and_watches(core: kubernetes.client
         metadata=kubernetes.client.V1ObjectMeta(name="c", labels={"a": "b"}), data={"k": "v"}
     )
     created = core.create_namespaced_config_map("default", body)
-    assert created.metadata.uid and created.metadata.resource_version
+    assert created.metadata is not None and created.metadata.uid and created.metadata.resource_version
     listed = core.list_namespaced_config_map("default", label_selector="a=b")
-    assert [c.metadata.name for c in listed.items] == ["c"]
-    assert "default" in [n.metadata.name for n in core.list_namespace().items]
+    assert listed.metadata is not None
+    assert [c.metadata.name for c in listed.items if c.metadata] == ["c"]
+    assert "default" in [n.metadata.name for n in core.list_namespace().items if n.metadata]
     core.patch_namespaced_config_map("c", "default", {"data": {"k": "w"}})
     events = list(
         kubernetes.watch.Watch().stream(

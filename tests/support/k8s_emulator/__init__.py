@@ -29,9 +29,13 @@ kubernetes client behave as they would against a cluster:
 - ``access_log`` records (verb, apiGroup, resource, subresource, namespace) per API request with RBAC
   verb names; ``GET /_emulator/access-log`` serves it to tests in another process.
 
-It is not a full server: no admission webhooks, no RBAC enforcement, no managed fields, no protobuf
-(kubectl's typed-client commands such as ``kubectl create namespace`` send protobuf and get 415; use
-``kubectl apply -f``), and no controllers (Deployments never get pods: tests patch their ``/status``).
+Protobuf request bodies (kubectl's typed commands such as ``kubectl create namespace|secret|configmap``,
+helm's release Secrets) are decoded for Namespace, Secret, ConfigMap and ServiceAccount; other kinds
+get 415, as client-go never falls back to JSON. Responses are always JSON.
+
+It is not a full server: no admission webhooks, no RBAC enforcement, no managed fields (server-side
+apply is create-or-merge), strategic merge replaces lists, and there are no controllers (Deployments
+never get pods; namespaces are deleted at once; tests patch ``/status`` themselves).
 
 Running it: the ``k8s_emulator`` pytest fixture (a fresh ``EmulatorThread`` per test);
 ``python -m support.k8s_emulator --port N --ready-file F [--kubeconfig K] [--preload crds/]`` as a
