@@ -228,6 +228,9 @@ class Peer:
                     v_cache=torch.zeros(batch, self.nkv, max_seq, self.d, device=dev, dtype=dt),
                 )
             )
+        for lw in self.layers:  # as gpt-fast's cache buffers: fixed addresses, so graphs may mutate them
+            torch._dynamo.mark_static_address(lw.k_cache)
+            torch._dynamo.mark_static_address(lw.v_cache)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         self.head = self.embed if c.tie_word_embeddings else w["lm_head.weight"]

@@ -11,9 +11,10 @@ besides copying the slots and tokens in (host out of the loop).
 Which implementation runs each operation is the ``kernels`` knob:
 - ``torch``: ``TorchOps``, plain PyTorch (the reference's own layer functions), attending over
   the whole ``max_seq_len`` under a mask, as the reference's captured step does;
-- ``triton``: ``TritonOps`` (kernels.py): GEMV with fused norm / SwiGLU / residual for up to
-  ``GEMV_MAX_ROWS`` rows (cuBLAS above), one RoPE+store launch, split-KV attention over the live
-  length only. Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
+- ``triton``: ``TritonOps`` (kernels.py): one RoPE+store launch, split-KV attention over the live
+  length only, one-launch RMSNorm and SwiGLU, and the projections either through cuBLAS (residual
+  adds in its epilogue; ``gemv = "cublas"``) or, for up to ``GEMV_MAX_ROWS`` rows, through the
+  Triton GEMV with norm / SwiGLU / residual fused in (``gemv = "triton"``). Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
   degrades to ``torch``;
 - ``compile``: ``TorchOps`` per layer under ``torch.compile(fullgraph=True, dynamic=False)`` with
   inductor's coordinate-descent tuning (which turns batch-1 matmuls into tuned reductions fused
@@ -147,31 +148,37 @@ class TorchOps:
 class TritonOps(TorchOps):
     """kernels.py for batch <= GEMV_MAX_ROWS; cuBLAS (the torch twin) above it."""
 
-    def __init__(self, shape: Shape, rope: RopeFn, attention: str) -> None:
+    def __init__(self, shape: Shape, rope: RopeFn, attention: str, gemv: str = "cublas") -> None:
         super().__init__(shape, rope, attention)
         from . import kernels  # optional extra: triton is imported only when this knob value is chosen
 
         self.k = kernels
+        self.gemv = gemv
+
+    def _fused_gemv(self, x: torch.Tensor) -> bool:
+        return self.gemv == "triton" and x.shape[0] <= GEMV_MAX_ROWS
 
     def norm_linear(
         self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if x.shape[0] > GEMV_MAX_ROWS:
-            return super().norm_linear(x, nw, w, bias)
-        out = x.new_empty(x.shape[0], w.shape[0])
-        return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps)
+        if self._fused_gemv(x):
+            out = x.new_empty(x.shape[0], w.shape[0])
+            return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps)
+        return F.linear(self.k.rms_norm(x, nw, self.s.eps), w, bias)  # one norm launch, then cuBLAS
 
     def linear_residual(
         self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, res: torch.Tensor
     ) -> torch.Tensor:
-        if x.shape[0] > GEMV_MAX_ROWS:
-            return super().linear_residual(x, w, bias, res)
-        return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res)
+        if self._fused_gemv(x):
+            return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res)
+        if bias is not None:
+            res = res + bias
+        return torch.addmm(res, x, w.T)  # the residual add in cuBLAS's epilogue
 
     def silu_linear_residual(self, gu: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-        if gu.shape[0] > GEMV_MAX_ROWS:
-            return super().silu_linear_residual(gu, w, res)
-        return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True)
+        if self._fused_gemv(gu):
+            return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True)
+        return torch.addmm(res, self.k.silu_mul(gu), w.T)
 
     def rope_store(
         self,
@@ -202,10 +209,10 @@ class TritonOps(TorchOps):
         return self.k.decode_attention(q, kc, vc, slots, lengths, q.new_empty(b, nh * d), scratch)
 
     def head(self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > GEMV_MAX_ROWS:
-            return super().head(x, nw, w)
-        out = x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
-        return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps)
+        if self._fused_gemv(x):
+            out = x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+            return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps)
+        return F.linear(self.k.rms_norm(x, nw, self.s.eps), w).float()
 
 
 @dataclass
@@ -232,6 +239,7 @@ class FusedDecoder:
         attention: str,
         buckets: str,
         device: torch.device,
+        gemv: str = "cublas",
     ) -> None:
         self.shape = Shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
@@ -245,7 +253,11 @@ class FusedDecoder:
         if kernels == "triton" and not triton_usable(device):
             kernels = "torch"  # documented degradation: no triton here
         self.kernels = kernels
-        self.ops: TorchOps = (TritonOps if kernels == "triton" else TorchOps)(self.shape, rope, attention)
+        self.ops = (
+            TritonOps(self.shape, rope, attention, gemv)
+            if kernels == "triton"
+            else TorchOps(self.shape, rope, attention)
+        )
         self._layer_fn: Callable[..., torch.Tensor] = self._layer
         if kernels == "compile":
             self._layer_fn = torch.compile(self._layer, fullgraph=True, dynamic=False)
@@ -278,7 +290,7 @@ class FusedDecoder:
             x = self._layer_fn(x, lw, cache.k[i], cache.v[i], slots, cache.lengths)
         logits = self.ops.head(x, self.final_norm, self.lm_head)
         cache.lengths.index_add_(0, slots, torch.ones_like(slots))
-        cache.lengths[cache.scratch] = 0
+        cache.lengths.narrow(0, cache.scratch, 1).zero_()  # a kernel: `[i] = 0` would copy from the host
         return logits
 
     # --- capture ---

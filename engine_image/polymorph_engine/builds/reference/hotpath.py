@@ -22,6 +22,7 @@ knob value computes the same function faster on some device (see build.toml):
   few fused operations per layer, captured whole as one CUDA graph per bucket; it supersedes
   ``decode_capture``). ``kernels`` (``torch`` | ``triton`` | ``compile``) picks what runs it and
   ``capture_buckets`` (``pow2`` | ``max``) which batch buckets it prepares; both require it.
+  ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels.
 
 With ``attention = "sdpa"`` on CUDA, prefill and eager decode run under ``sdpa_kernel`` without
 the cuDNN backend: cuDNN builds an execution plan per new shape (every prompt length, every
@@ -106,6 +107,7 @@ class ReferenceHotPath:
                 attention=self.attention,
                 buckets=str(knobs.get("capture_buckets", "pow2")),
                 device=self.device,
+                gemv=str(knobs.get("gemv", "cublas")),
             )
         self._compiled = (
             torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None

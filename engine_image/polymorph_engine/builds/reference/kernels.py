@@ -392,3 +392,59 @@ def decode_attention(
         m, l_, acc, out, D=d, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=1
     )
     return out
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xb, stride_ob, eps, BLOCK_K: tl.constexpr):
+    b = tl.program_id(0)
+    ty = out_ptr.dtype.element_ty
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + b * stride_xb + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = ((x * rstd).to(ty).to(tl.float32) * w).to(ty)  # rounded where the reference rounds
+    tl.store(out_ptr + b * stride_ob + offs, y, mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [B, K] -> weight * (x / rms(x)), one launch (the reference's ``rms_norm``)."""
+    rows, k = x.shape
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(k)
+    _rms_norm_kernel[(rows,)](
+        x,
+        weight,
+        out,
+        k,
+        x.stride(0),
+        out.stride(0),
+        eps,
+        BLOCK_K=block,
+        num_warps=max(1, min(16, block // 512)),
+    )
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER, stride_b, BLOCK: tl.constexpr):
+    b = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < INTER
+    ty = out_ptr.dtype.element_ty
+    g = tl.load(gu_ptr + b * stride_b + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + b * stride_b + INTER + offs, mask=mask, other=0.0).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32)
+    tl.store(out_ptr + b * INTER + offs, (s * u).to(ty), mask=mask)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu [B, 2I] = [gate | up] -> silu(gate) * up [B, I], one launch."""
+    rows, two_i = gu.shape
+    inter = two_i // 2
+    out = gu.new_empty(rows, inter)
+    block = 1024
+    _silu_mul_kernel[(triton.cdiv(inter, block), rows)](
+        gu, out, inter, gu.stride(0), BLOCK=block, num_warps=4
+    )
+    return out
