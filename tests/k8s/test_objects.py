@@ -201,3 +201,15 @@ def test_access_log_uses_rbac_verbs(api: httpx.Client, k8s_emulator: Any) -> Non
         ("watch", "apps", "deployments", ""),
     ]
     assert api.get("/_emulator/access-log").json()[0]["verb"] == "create"
+
+
+def test_deletecollection_honours_the_selector_and_cascades(api: httpx.Client) -> None:
+    owner = api.post(
+        CMS, json=cm("owner") | {"metadata": {"name": "owner", "labels": {"gone": "yes"}}}
+    ).json()
+    child = _owned("child", owner)
+    child["metadata"]["labels"] = {"gone": "yes"}
+    api.post(CMS, json=child)
+    api.post(CMS, json=cm("kept"))
+    assert api.delete(CMS, params={"labelSelector": "gone=yes"}).status_code == 200
+    assert [i["metadata"]["name"] for i in api.get(CMS).json()["items"]] == ["kept"]

@@ -216,9 +216,9 @@ class ConformantKubernetesEmulator(kmock.KubernetesEmulator):
         if verb == "deletecollection":
             items = self._select(rtype, namespace, params)
             for obj in items:
-                self._delete(
-                    rtype, namespace or obj["metadata"].get("namespace"), obj["metadata"]["name"], {}
-                )
+                where = namespace or obj["metadata"].get("namespace")
+                if self._lookup(rtype, where, obj["metadata"]["name"]) is not None:  # not cascaded away
+                    self._delete(rtype, where, obj["metadata"]["name"], {})
             return _json(self._list_body(rtype, items))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
 
