@@ -110,10 +110,10 @@ class KubeClient:
         _, url, headers, _, _ = self._api.param_serialize(
             method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
         )
-        data = None if body is None else json.dumps(body)
         try:
+            # The REST layer serialises ``body`` as JSON for every *json content type.
             response = self._api.call_api(
-                method, url, header_params=headers, body=data, _request_timeout=self._timeout
+                method, url, header_params=headers, body=body, _request_timeout=self._timeout
             )
             response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:

@@ -17,6 +17,7 @@ from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
 
 from polymorph.core.promql import Series
 
@@ -57,7 +58,9 @@ class PrometheusQuery:
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
-        self._client = PrometheusConnect(url=self.url, disable_ssl=False, timeout=timeout)
+        # One quick retry: a cycle that gets no answer makes no decision, and the next cycle asks again.
+        retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        self._client = PrometheusConnect(url=self.url, disable_ssl=False, timeout=timeout, retry=retry)
 
     def __call__(self, promql: str) -> list[Series]:
         try:

@@ -58,6 +58,9 @@ def configure_logging(level: str = "info") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiohttp.access", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if level != "debug":
+        # kopf logs every successful timer run; our handlers log their decisions themselves.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

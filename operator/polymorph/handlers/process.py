@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             registry=build_registry(ctx),
             settings=kopf_settings(ctx),
             standalone=config.standalone,
-            peering_name=config.peering,
+            peering_name=None if config.standalone else config.peering,
             clusterwide=config.all_namespaces,
             namespaces=list(config.namespaces),
             liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",

@@ -52,19 +52,27 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
     md = (GROUP, VERSION, "modeldeployments")
     cj = (GROUP, VERSION, "compilejobs")
 
-    @kopf.index(*md, registry=registry)
+    # Explicit ids: kopf names index kwargs by handler id (a nested function's would be its qualname).
+    @kopf.index(*md, id="modeldeployment_index", registry=registry)
     def modeldeployment_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[tuple[str | None, str], Any]:
         return {(namespace, name): dict(body)}
 
-    @kopf.index("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
+    @kopf.index(
+        "apps",
+        "v1",
+        "deployments",
+        id="deployment_index",
+        labels={LABEL_MANAGED_BY: MANAGED_BY},
+        registry=registry,
+    )
     def deployment_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[tuple[str | None, str], Any]:
         return {(namespace, name): dict(body)}
 
-    @kopf.index(*cj, registry=registry)
+    @kopf.index(*cj, id="compilejob_index", registry=registry)
     def compilejob_index(
         namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, labels: kopf.Labels, **_: Any
     ) -> dict[tuple[str | None, str], tuple[str, str]]:
@@ -75,7 +83,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         body: kopf.Body,
         patch: kopf.Patch,
         memo: Context,
-        deployment_index: kopf.Index[Any, Any],
+        deployment_index: kopf.Index[Any, Any] | None,
         first: bool,
         handler: str,
     ) -> None:
@@ -89,26 +97,35 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
             raise
         memo.metrics.reconciles.labels("ModelDeployment", handler, "ok").inc()
 
-    # kopf's handler protocols do not model index keyword arguments, hence the ignores below.
-    @kopf.on.resume(*md, registry=registry)
-    @kopf.on.create(*md, registry=registry)
-    @kopf.on.update(*md, registry=registry)  # type: ignore[arg-type]
+    @kopf.on.resume(*md, id="reconcile", registry=registry)
+    @kopf.on.create(*md, id="reconcile", registry=registry)
+    @kopf.on.update(*md, id="reconcile", registry=registry)
     async def modeldeployment_reconcile(
-        body: kopf.Body, patch: kopf.Patch, memo: Context, deployment_index: kopf.Index[Any, Any], **_: Any
+        body: kopf.Body,
+        patch: kopf.Patch,
+        memo: Context,
+        deployment_index: kopf.Index[Any, Any] | None = None,
+        **_: Any,
     ) -> None:
         await _md_tick(body, patch, memo, deployment_index, True, "reconcile")
 
-    @kopf.timer(*md, interval=rollout_every, initial_delay=min(rollout_every, 1.0), registry=registry)  # type: ignore[arg-type]
+    @kopf.timer(
+        *md, id="rollout", interval=rollout_every, initial_delay=min(rollout_every, 1.0), registry=registry
+    )
     async def modeldeployment_rollout(
-        body: kopf.Body, patch: kopf.Patch, memo: Context, deployment_index: kopf.Index[Any, Any], **_: Any
+        body: kopf.Body,
+        patch: kopf.Patch,
+        memo: Context,
+        deployment_index: kopf.Index[Any, Any] | None = None,
+        **_: Any,
     ) -> None:
         await _md_tick(body, patch, memo, deployment_index, False, "rollout")
         _count_phases(memo, modeldeployment_index_ref)
 
     modeldeployment_index_ref: list[Any] = []
 
-    @kopf.on.resume(*cj, registry=registry)
-    @kopf.on.create(*cj, registry=registry)
+    @kopf.on.resume(*cj, id="sandbox", registry=registry)
+    @kopf.on.create(*cj, id="sandbox", registry=registry)
     async def compilejob_create(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
         await compilejobs.create(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "create", "ok").inc()
@@ -123,11 +140,11 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         await compilejobs.progress(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "progress", "ok").inc()
 
-    @kopf.on.startup(registry=registry)  # type: ignore[arg-type]
+    @kopf.on.startup(id="fleet", registry=registry)
     async def start_fleet(
         memo: Context,
-        modeldeployment_index: kopf.Index[Any, Any],
-        compilejob_index: kopf.Index[Any, Any],
+        modeldeployment_index: kopf.Index[Any, Any] | None = None,
+        compilejob_index: kopf.Index[Any, Any] | None = None,
         **_: Any,
     ) -> None:
         modeldeployment_index_ref.append(modeldeployment_index)
@@ -138,12 +155,17 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         )
         memo.background.append((stop, task))
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="fleet", registry=registry)
     async def stop_fleet(memo: Context, **_: Any) -> None:
         for stop, task in memo.background:
             stop.set()
             task.cancel()
         memo.background.clear()
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # $KUBECONFIG or the in-cluster service account, as the kubernetes package reads them.
+        return kopf.login_via_client(**kwargs)
 
     @kopf.on.probe(id="prometheus", registry=registry)
     def prometheus_probe(memo: Context, **_: Any) -> str:
