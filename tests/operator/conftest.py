@@ -1,0 +1,70 @@
+"""Fixtures of the operator's integration tests: the emulator with the CRDs, a real Prometheus,
+fake engine endpoints it scrapes, a Deployment-readiness stand-in, and the operator process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
+
+from support.k8s_emulator import EmulatorThread
+from support.prometheus import PrometheusServer, prometheus
+
+__all__ = ["prometheus"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[EmulatorThread, Api, Path]]:
+    """The emulator with the project's CRDs and the ``inference`` namespace: (emulator, api, kubeconfig)."""
+    with EmulatorThread() as running:
+        api = Api(running.url)
+        for path in sorted((REPO / "crds").glob("*.yaml")):
+            api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(path.read_text()))
+        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        yield running, api, running.kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def kubelet(cluster: tuple[EmulatorThread, Api, Path]) -> Iterator[Kubelet]:
+    k = Kubelet(cluster[1])
+    yield k
+    k.close()
+
+
+@pytest.fixture
+def engines(prometheus: PrometheusServer) -> Iterator[Callable[..., FakeEngine]]:
+    """``engines(md, track, build)``: a fake engine pod scraped by Prometheus with ``namespace=inference``."""
+    made: list[FakeEngine] = []
+
+    def make(md: str, track: str, build: str) -> FakeEngine:
+        engine = FakeEngine(md, track, build)
+        prometheus.add_target(engine.address, namespace=NS)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        prometheus.remove_target(engine.address)
+        engine.close()
+
+
+@pytest.fixture
+def operator(
+    cluster: tuple[EmulatorThread, Api, Path], prometheus: PrometheusServer, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """``operator(**flags)``: the operator process started against the emulator, stopped at the end."""
+    started: list[OperatorProcess] = []
+    store = tmp_path / "store"
+    store.mkdir()
+
+    def start(**flags: str) -> OperatorProcess:
+        proc = OperatorProcess(cluster[2], prometheus.url, store, tmp_path / "operator.log", **flags)
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in started:
+        proc.stop()
