@@ -125,7 +125,7 @@ class ClaudeAgent:
     # --- the loop -----------------------------------------------------------------------------
 
     def run(self, ctx: CampaignContext) -> str:
-        import anthropic
+        import anthropic  # lazy: the optional `agent` extra; only a Claude campaign needs the SDK
 
         client = anthropic.Anthropic(
             api_key=self._api_key, max_retries=self.max_retries, timeout=self.timeout
