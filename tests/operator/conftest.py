@@ -22,7 +22,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[EmulatorThread, Api, Path]]:
     with EmulatorThread() as running:
         api = Api(running.url)
         for path in sorted((REPO / "crds").glob("*.yaml")):
-            api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(path.read_text()))
+            api.create(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(path.read_text())
+            )
         api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         yield running, api, running.kubeconfig(tmp_path / "kubeconfig")
 

@@ -206,7 +206,9 @@ class FakeEngine:
         for t in self._threads:
             t.start()
 
-    def serve(self, prompt: int, generated: int, itl_s: float, per_second: float = 20.0, in_flight: int = 2) -> None:
+    def serve(
+        self, prompt: int, generated: int, itl_s: float, per_second: float = 20.0, in_flight: int = 2
+    ) -> None:
         """From now on: ``per_second`` requests of this shape and speed, with ``in_flight`` running."""
         self._shape = (prompt, generated, itl_s, per_second, in_flight)
 

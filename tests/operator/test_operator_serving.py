@@ -19,7 +19,12 @@ def md(name: str = "chat", **spec: Any) -> dict[str, Any]:
         "replicas": 4,
     }
     body.update(spec)
-    return {"apiVersion": "polymorph.dev/v1alpha1", "kind": "ModelDeployment", "metadata": {"name": name, "namespace": NS}, "spec": body}
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": body,
+    }
 
 
 def test_apply_creates_hardened_children_and_status(
@@ -38,12 +43,21 @@ def test_apply_creates_hardened_children_and_status(
     pod = stable["spec"]["template"]["spec"]
     engine = pod["containers"][0]
     assert engine["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-    assert pod["automountServiceAccountToken"] is False and engine["securityContext"]["readOnlyRootFilesystem"]
-    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod["volumes"]
+    assert (
+        pod["automountServiceAccountToken"] is False and engine["securityContext"]["readOnlyRootFilesystem"]
+    )
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod[
+        "volumes"
+    ]
     assert stable["spec"]["replicas"] == 4
     svc = wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat"))
     assert svc["spec"]["selector"] == {"polymorph.dev/model-deployment": "chat"}
-    status = wait_for("status", lambda: (api.md("chat") or {}).get("status", {}).get("observedGeneration") and api.md("chat")["status"])
+    status = wait_for(
+        "status",
+        lambda: (
+            (api.md("chat") or {}).get("status", {}).get("observedGeneration") and api.md("chat")["status"]
+        ),
+    )
     assert status["activeBuild"]["id"] == "reference"
     types = {c["type"]: c for c in status["conditions"]}
     assert set(types) == {"Ready", "Compiling", "RollingOut", "Degraded"}

@@ -25,6 +25,7 @@ __all__ = [
     "COMPILEJOBS",
     "CONFIGMAPS",
     "DEPLOYMENTS",
+    "EVENTS",
     "JOBS",
     "MODELDEPLOYMENTS",
     "SERVICES",
@@ -61,6 +62,7 @@ CONFIGMAPS = Kind("v1", "configmaps")
 JOBS = Kind("batch/v1", "jobs")
 MODELDEPLOYMENTS = Kind("polymorph.dev/v1alpha1", "modeldeployments")
 COMPILEJOBS = Kind("polymorph.dev/v1alpha1", "compilejobs")
+EVENTS = Kind("v1", "events")
 
 
 class KubeError(Exception):

@@ -30,10 +30,10 @@ from polymorph.compile.documents import CampaignResult, Progress
 from polymorph.core import compilejobs
 from polymorph.core.resources import sandbox_configmap, sandbox_job
 from polymorph.errors import StoreError
-from polymorph.handlers.context import Context, event, status_patch
+from polymorph.handlers.context import Context, status_patch
 from polymorph.handlers.modeldeployments import parse as parse_md
 from polymorph.handlers.observability import object_log
-from polymorph.store import KeyNotFound, compilejob_prefix, progress_key, result_key
+from polymorph.store import KeyNotFound, progress_key, result_key
 from polymorph.validate import validate_document
 
 __all__ = ["create", "job_observation", "parse", "progress"]
@@ -58,10 +58,10 @@ def _owner_md(cj: CompileJob, ctx: Context) -> Mapping[str, Any] | None:
     return ctx.kube.get(MODELDEPLOYMENTS, cj.metadata.namespace or "default", cj.spec.deploymentRef.name)
 
 
-def _fail(patch: kopf.Patch, body: Mapping[str, Any], message: str) -> kopf.PermanentError:
+def _fail(ctx: Context, patch: kopf.Patch, body: Mapping[str, Any], message: str) -> kopf.PermanentError:
     patch.status["phase"] = "Failed"
     patch.status["message"] = message
-    event(body, "CompileJobFailed", message, "Warning")
+    ctx.event(body, "CompileJobFailed", message, "Warning")
     return kopf.PermanentError(message)
 
 
@@ -69,7 +69,7 @@ async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> No
     """Write the ConfigMap and the Job of a CompileJob (idempotent: unchanged objects are not rewritten)."""
     cj, problem = parse(body)
     if cj is None:
-        raise _fail(patch, body, problem)
+        raise _fail(ctx, patch, body, problem)
     if cj.status is not None and cj.status.phase in TERMINAL_PHASES:
         return
     md_body = await asyncio.to_thread(_owner_md, cj, ctx)
@@ -77,7 +77,7 @@ async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> No
     try:
         resolved = compilejobs.resolve(cj, md)
     except ValueError as exc:
-        raise _fail(patch, body, str(exc)) from None
+        raise _fail(ctx, patch, body, str(exc)) from None
     try:
         _, _ = await asyncio.to_thread(apply, ctx.kube, CONFIGMAPS, sandbox_configmap(resolved))
         verb, _ = await asyncio.to_thread(apply, ctx.kube, JOBS, sandbox_job(resolved, ctx.config.cluster))
@@ -89,7 +89,7 @@ async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> No
             f"Job {cj.metadata.name}: {sandboxes} sandbox(es), {cj.spec.budget.maxExperiments} experiments, "
             f"deadline {cj.spec.budget.deadline}, agent {cj.spec.agent.kind}, base {cj.spec.baseBuild}"
         )
-        event(body, "SandboxJobCreated", message)
+        ctx.event(body, "SandboxJobCreated", message)
         object_log(cj.metadata.namespace, cj.metadata.name, "CompileJob").info(
             "sandbox job created", detail=message
         )
@@ -132,7 +132,9 @@ def _read_documents(cj: CompileJob, ctx: Context) -> tuple[list[Progress], Campa
         )
     except KeyNotFound:
         result = None
-    return docs, result, ctx.store.uri_for(compilejob_prefix(ns, name, uid))
+    # The folder's uri: the store names objects, so take the first progress document's and drop its name.
+    ledger = ctx.store.uri_for(progress_key(ns, name, uid, 0)).rsplit("/", 1)[0] + "/"
+    return docs, result, ledger
 
 
 async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> str | None:
@@ -182,10 +184,10 @@ async def _transition(
             else "no improvement"
         )
         message = f"{what}; {numbers}; ledger {new.ledgerUri}"
-        event(body, "CompileJobSucceeded", message)
+        ctx.event(body, "CompileJobSucceeded", message)
     elif new.phase == "Failed":
         message = f"{new.message}; {numbers}"
-        event(body, "CompileJobFailed", message, "Warning")
+        ctx.event(body, "CompileJobFailed", message, "Warning")
     else:
         message = new.message or ""
     log.info("compilejob phase", phase=new.phase, message=message)
@@ -210,10 +212,10 @@ async def _transition(
             if policy == "Auto"
             else f"waiting for polymorph.dev/approve={candidate.id}"
         )
-        event(md_body, "CandidateBuild", f"CompileJob {cj.metadata.name} found {candidate.id}: {then}")
+        ctx.event(md_body, "CandidateBuild", f"CompileJob {cj.metadata.name} found {candidate.id}: {then}")
     if new.phase in TERMINAL_PHASES:
         reason = "CompileJobSucceeded" if new.phase == "Succeeded" else "CompileJobFailed"
-        event(
+        ctx.event(
             md_body,
             reason,
             f"CompileJob {cj.metadata.name}: {message}",

@@ -4,8 +4,8 @@ Owns: ``Context`` (passed to kopf as its memo; kopf copies it shallowly per obje
 everything mutable lives in shared sub-objects), ``Health`` (whether Prometheus answered
 last), ``AnalysisCache`` (the builtin analysis queries run once per interval for the whole
 fleet and shared by every deployment's rollout tick), ``status_patch`` (a JSON merge patch
-that turns one status into another, nulls for removed keys) and ``event`` (a Kubernetes
-Event through kopf's poster). It knows nothing about what the handlers decide.
+that turns one status into another, nulls for removed keys) and ``Context.event`` (a
+core/v1 Event, posted through the Kubernetes seam). It knows nothing about what the handlers decide.
 """
 
 from __future__ import annotations
@@ -17,17 +17,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
-
-from polymorph.clients.kube import Kube
+from polymorph.clients.kube import EVENTS, Kube, KubeError
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
 from polymorph.core import promql
 from polymorph.core.promql import DeploymentKey, TrackSamples
-from polymorph.handlers.observability import OperatorMetrics
+from polymorph.handlers.observability import OperatorMetrics, object_log
 from polymorph.handlers.settings import OperatorConfig
 from polymorph.store import Store
 
-__all__ = ["AnalysisCache", "Context", "Health", "event", "status_patch", "utcnow"]
+__all__ = ["AnalysisCache", "Context", "Health", "event_manifest", "status_patch", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -97,6 +95,17 @@ class Context:
     background: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
     """The fleet loop's stop flag and task, started and stopped with the operator."""
 
+    def event(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        """Post a Kubernetes Event about ``body`` (a decision, with its numbers). A failure is logged, not raised."""
+        doc = event_manifest(body, reason, message, type_, self.clock())
+        try:
+            self.kube.create(EVENTS, doc["metadata"]["namespace"], doc)
+        except KubeError as exc:
+            meta = body.get("metadata", {})
+            object_log(meta.get("namespace"), meta.get("name"), str(body.get("kind"))).warning(
+                "could not post an Event", reason=reason, error=str(exc)
+            )
+
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON merge patch from ``old`` to ``new``: changed keys, and None for keys ``new`` dropped."""
@@ -116,6 +125,30 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
     return patch
 
 
-def event(body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-    """Post a Kubernetes Event about ``body`` (an object with apiVersion, kind and metadata)."""
-    kopf.event(kopf.Body(dict(body)), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
+def event_manifest(
+    body: Mapping[str, Any], reason: str, message: str, type_: str, now: datetime
+) -> dict[str, Any]:
+    """A core/v1 Event about ``body`` (an object with apiVersion, kind and metadata)."""
+    meta = body["metadata"]
+    stamp = now.isoformat().replace("+00:00", "Z")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace") or "default"},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": "polymorph-operator"},
+        "reportingComponent": "polymorph-operator",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -29,7 +29,7 @@ from polymorph.clients.prometheus import PrometheusUnavailable
 from polymorph.core import promql
 from polymorph.core.compilejobs import drift_decision, plan_compilejob
 from polymorph.core.promql import DeploymentKey, LiveProfile
-from polymorph.handlers.context import Context, event
+from polymorph.handlers.context import Context
 from polymorph.handlers.modeldeployments import parse
 from polymorph.handlers.observability import object_log
 
@@ -116,14 +116,14 @@ async def _open(
             return None
         log.info("CompileJob already exists", compilejob=name)
     ctx.metrics.compilejobs_opened.inc()
-    event(
+    ctx.event(
         body,
         "DriftDetected",
         f"drift {score:.2f} >= {md.spec.recompile.driftThreshold:g} over {live.requests} requests in {md.spec.recompile.window}: "
         + "; ".join(reasons),
     )
     budget = md.spec.recompile.compile.budget
-    event(
+    ctx.event(
         body,
         "CompileJobCreated",
         f"CompileJob {name}: base {manifest['spec']['baseBuild']}, {budget.maxExperiments} experiments, {budget.sandboxes} sandbox(es), deadline {budget.deadline} ({why})",

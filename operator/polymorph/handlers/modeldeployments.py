@@ -42,7 +42,7 @@ from polymorph.core import promql, rollout
 from polymorph.core.analysis import AnalysisRun, run_analysis
 from polymorph.core.conditions import deployment_phase, find, set_condition
 from polymorph.core.resources import ANNOTATION_BUILD_ID, canary_name, serving_deployment, serving_service
-from polymorph.handlers.context import Context, event, status_patch
+from polymorph.handlers.context import Context, status_patch
 from polymorph.handlers.observability import object_log
 from polymorph.validate import validate_document
 
@@ -247,7 +247,7 @@ def _conditions(
 
 
 def _announce_degraded(
-    body: Mapping[str, Any], old: ModelDeploymentStatus, new: ModelDeploymentStatus
+    ctx: Context, body: Mapping[str, Any], old: ModelDeploymentStatus, new: ModelDeploymentStatus
 ) -> None:
     """An Event when Degraded flips, once, not every tick."""
     before, after = find(old.conditions, "Degraded"), find(new.conditions, "Degraded")
@@ -255,12 +255,14 @@ def _announce_degraded(
     if after is None or (after.status == "True") == was:
         return
     if after.status == "True":
-        event(body, "Degraded", after.message, "Warning")
+        ctx.event(body, "Degraded", after.message, "Warning")
     elif was:
-        event(body, "Recovered", f"no longer degraded (was: {before.message if before else ''})")
+        ctx.event(body, "Recovered", f"no longer degraded (was: {before.message if before else ''})")
 
 
-async def _set_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str, now: datetime) -> None:
+async def _set_invalid(
+    ctx: Context, body: Mapping[str, Any], patch: kopf.Patch, message: str, now: datetime
+) -> None:
     old = (
         ModelDeploymentStatus.model_validate(dict(body.get("status") or {}))
         if body.get("status")
@@ -273,15 +275,19 @@ async def _set_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str,
         patch.status["conditions"] = [c.model_dump(mode="json", exclude_none=True) for c in conditions]
         patch.status["phase"] = "Degraded"
         patch.status["observedGeneration"] = body["metadata"].get("generation")
-        event(body, "InvalidSpec", message, "Warning")
+        ctx.event(body, "InvalidSpec", message, "Warning")
 
 
 def _effects(
-    actions: list[rollout.Action], body: Mapping[str, Any], status: ModelDeploymentStatus, now: datetime
+    ctx: Context,
+    actions: list[rollout.Action],
+    body: Mapping[str, Any],
+    status: ModelDeploymentStatus,
+    now: datetime,
 ) -> None:
     for action in actions:
         if isinstance(action, rollout.Emit):
-            event(body, action.reason, action.message, action.type)
+            ctx.event(body, action.reason, action.message, action.type)
         elif isinstance(action, rollout.Promote):
             cand = status.candidateBuild
             base = (
@@ -307,7 +313,7 @@ async def tick(
     now = ctx.clock()
     md, problem = parse(body)
     if md is None:
-        await _set_invalid(body, patch, problem, now)
+        await _set_invalid(ctx, body, patch, problem, now)
         raise kopf.PermanentError(problem)
     old = md.status or ModelDeploymentStatus()
     status = old.model_copy(deep=True)
@@ -332,7 +338,7 @@ async def tick(
             update={"phase": "Aborted", "message": f"pinned to {pinned}", "finishedAt": now}
         )
     new_state, actions = rollout.step(state, obs) if pinned is None else (state, [])
-    _effects(actions, body, status, now)
+    _effects(ctx, actions, body, status, now)
     if any(isinstance(a, rollout.Promote) for a in actions):
         obs = rollout_obs_with(obs, obs.analysis, active=status.activeBuild.id or active)
     tracks = rollout.desired(new_state, obs)
@@ -344,7 +350,7 @@ async def tick(
         raise kopf.TemporaryError(f"could not write the children: {exc}", delay=10) from None
     status.rollout = public_rollout(new_state, obs)
     _conditions(md, status, new_state, obs, ctx, now)
-    _announce_degraded(body, old, status)
+    _announce_degraded(ctx, body, old, status)
     new_doc = status.model_dump(mode="json", exclude_none=True)
     new_doc["polymorph"] = {"rollout": new_state.model_dump(mode="json", exclude_none=True)}
     old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}

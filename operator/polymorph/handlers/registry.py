@@ -134,7 +134,12 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         return status.get("phase") not in _TERMINAL
 
     @kopf.timer(
-        *cj, interval=rollout_every, initial_delay=min(rollout_every, 1.0), when=_active, registry=registry
+        *cj,
+        id="progress",
+        interval=rollout_every,
+        initial_delay=min(rollout_every, 1.0),
+        when=_active,
+        registry=registry,
     )
     async def compilejob_progress(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
         await compilejobs.progress(body, patch, memo)
