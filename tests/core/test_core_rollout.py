@@ -308,3 +308,12 @@ def test_promoting_waits_for_the_stable_rollout() -> None:
     state2, actions = step(state, rolling)
     assert state2.phase == "Promoting" and actions == []
     assert desired(state2, rolling).canary == (NEW, 2)
+
+
+def test_no_step_advances_while_metrics_are_unavailable() -> None:
+    w = World()
+    w.tick(0)
+    w.tick(1)
+    w.tick(31, "Pass")
+    assert w.tick(61, metrics_ok=False) == [] and w.state.step == 0
+    assert reasons(w.tick(62)) == ["CanaryStep"] and w.state.step == 1

@@ -12,7 +12,8 @@ Rules:
   actual weight reported is the canary's share of ready replicas.
 - A step is *settled* when its canary replicas are ready; ``stepStartedAt`` is then set, and
   the step's pause and analysis interval count from it. Analysis is due every ``interval``
-  after that. The step advances once its pause has passed and its latest analysis passed.
+  after that. The step advances once its pause has passed and its latest analysis passed,
+  and never while the metrics cannot be read (``metrics_ok`` false: Prometheus is down).
 - Everything the machine needs is in the state, which the operator keeps in status, and
   times come from recorded timestamps; after a restart it continues where it was. Replaying
   an observation already applied gives no new action: events and effects happen only on
@@ -125,6 +126,8 @@ class Observation:
     analysis: AnalysisRun | None = None
     abort: bool = False
     approved: str | None = None
+    metrics_ok: bool = True
+    """False while Prometheus does not answer: no step advances on numbers that could not be checked."""
 
 
 @dataclass(frozen=True)
@@ -330,7 +333,7 @@ def _analyse(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[
 
 
 def _advance(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
-    if state.stepStartedAt is None or state.lastVerdict != "Pass":
+    if state.stepStartedAt is None or state.lastVerdict != "Pass" or not obs.metrics_ok:
         return state, []
     pause = obs.steps[state.step].pause_s
     if obs.now < state.stepStartedAt + timedelta(seconds=pause):

@@ -333,6 +333,7 @@ async def tick(
     obs = _observation(md.model_copy(update={"status": status}), now, active, deployments)
     if pinned is None and rollout.analysis_due(state, obs):
         obs = rollout_obs_with(obs, await _analysis(md, ctx, now))
+    obs = replace(obs, metrics_ok=ctx.health.prometheus_error is None)
     if pinned is not None and state.phase not in rollout.TERMINAL:
         state = state.model_copy(
             update={"phase": "Aborted", "message": f"pinned to {pinned}", "finishedAt": now}

@@ -1,0 +1,140 @@
+"""Rollouts through the real operator process: a slower canary rolls back; Prometheus stopped mid-rollout
+gives no decision and Degraded (once), then the rollout resumes; SIGKILL mid-rollout and a restart
+continue without repeating a step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from documents import NEW, SLOW, figures
+from harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
+
+from support.k8s_emulator import EmulatorThread
+from support.prometheus import PrometheusServer
+
+
+def deployment(on_failure: str = "Rollback", pause: str = "4s") -> dict[str, Any]:
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": NS},
+        "spec": {
+            "model": {"uri": "tiny"},
+            "hardware": {"accelerator": "cpu"},
+            "replicas": 4,
+            "recompile": {"enabled": False},
+            "rollout": {
+                "steps": [{"weight": 25, "pause": pause}, {"weight": 50, "pause": pause}],
+                "analysis": {"interval": "2s", "failureLimit": 1},
+                "onFailure": on_failure,
+            },
+        },
+    }
+
+
+def status(api: Api) -> dict[str, Any]:
+    return (api.md("chat") or {}).get("status") or {}
+
+
+def state(api: Api) -> dict[str, Any]:
+    return (status(api).get("polymorph") or {}).get("rollout") or {}
+
+
+def hand_over(api: Api, build: str) -> None:
+    """What a Succeeded CompileJob does (covered end to end in test_operator_loop): a candidate build."""
+    candidate = {"id": build, "uri": f"file:///store/{build}", "figures": figures(130).model_dump()}
+    api.patch(
+        f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status", {"status": {"candidateBuild": candidate}}
+    )
+
+
+def start(
+    api: Api, engines: Callable[..., FakeEngine], canary_itl: float, build: str = NEW, **kw: str
+) -> None:
+    for _ in range(2):
+        engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
+    for _ in range(2):
+        engines("chat", "canary", build).serve(prompt=64, generated=32, itl_s=canary_itl)
+    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment(**kw))
+    wait_for("the stable Deployment", lambda: api.deployment("chat"))
+    hand_over(api, build)
+
+
+def test_slower_canary_rolls_back(
+    cluster: tuple[EmulatorThread, Api, Path],
+    operator: Callable[..., OperatorProcess],
+    engines: Callable[..., FakeEngine],
+    kubelet: Kubelet,
+) -> None:
+    _, api, _ = cluster
+    operator()
+    start(api, engines, canary_itl=0.04, build=SLOW)  # half the per-request decode speed
+    wait_for("the canary", lambda: api.deployment("chat-canary"))
+    wait_for("RolledBack", lambda: state(api).get("phase") == "RolledBack", timeout=40)
+    assert api.deployment("chat-canary") is None
+    stable = api.deployment("chat")
+    assert stable is not None and stable["spec"]["replicas"] == 4
+    assert stable["spec"]["template"]["metadata"]["annotations"]["polymorph.dev/build-id"] == "reference"
+    failed = api.events("AnalysisFailed")
+    assert (
+        len(failed) == 2
+        and "throughput 0.5" in failed[0]["message"]
+        and "(min 0.98): Fail" in failed[0]["message"]
+    )
+    st = status(api)
+    assert st["activeBuild"]["id"] == "reference" and st["history"][-1]["outcome"] == "RolledBack"
+    assert st["rollout"]["phase"] == "RolledBack"
+    values = {v["name"]: v for v in st["rollout"]["analysis"]}
+    assert values["throughput"]["min"] == 0.98 and values["throughput"]["verdict"] == "Fail"
+    assert values["throughput"]["value"] < 0.6
+    assert len(api.events("RolledBack")) == 1
+    time.sleep(2)  # the same candidate is not rolled out again
+    assert api.deployment("chat-canary") is None and len(api.events("CanaryStep")) == 1
+
+
+def test_prometheus_outage_and_operator_kill_mid_rollout(
+    cluster: tuple[EmulatorThread, Api, Path],
+    operator: Callable[..., OperatorProcess],
+    engines: Callable[..., FakeEngine],
+    kubelet: Kubelet,
+    prometheus: PrometheusServer,
+) -> None:
+    _, api, _ = cluster
+    op = operator()
+    start(api, engines, canary_itl=0.015)
+    wait_for("step 1 settled", lambda: state(api).get("stepStartedAt"), timeout=30)
+
+    # Prometheus goes away before the step's first analysis: no decision, Degraded once.
+    prometheus.stop()
+    wait_for("Degraded", lambda: any(c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "PrometheusUnavailable" for c in status(api).get("conditions", [])), timeout=20)  # fmt: skip
+    time.sleep(5)  # longer than the step's pause and two analysis intervals
+    s = state(api)
+    assert (
+        s["phase"] == "Progressing" and s["step"] == 0 and s.get("lastVerdict") is None and s["failures"] == 0
+    )
+    assert api.events("AnalysisPassed") == [] and api.events("AnalysisFailed") == []
+    assert len(api.events("Degraded")) == 1
+    assert status(api)["phase"] == "Degraded"
+
+    # Prometheus is back: Recovered, then analysis passes and the rollout goes on to step 2.
+    prometheus.start()
+    wait_for("step 2", lambda: state(api).get("step") == 1, timeout=40)
+    assert len(api.events("Recovered")) == 1 and len(api.events("Degraded")) == 1
+    degraded = next(c for c in status(api)["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False"
+
+    # SIGKILL mid-step-2, restart: it continues from status, without repeating the step.
+    wait_for("step 2 settled", lambda: state(api).get("stepStartedAt"), timeout=20)
+    op.kill()
+    before = len(api.events("CanaryStep"))
+    op.start()
+    wait_for(
+        "promotion after the restart", lambda: status(api).get("activeBuild", {}).get("id") == NEW, timeout=40
+    )
+    steps = [e["message"] for e in api.events("CanaryStep")]
+    assert before == 2 and len(steps) == 2, steps
+    assert len(api.events("Promoted")) == 1
+    assert status(api)["history"][-1]["outcome"] == "Promoted"
