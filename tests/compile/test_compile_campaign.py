@@ -131,19 +131,21 @@ def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, bas
     runner = LandscapeRunner()
     out = Campaign(settings(base, confirm=True), store, runner).run(SearchAgent())
     # The winner is confirmed by re-measuring the baseline and it back to back, outside the ledger.
-    assert out.result.model_dump(mode="json")["confirmation"]["confirmed"] and out.result.model_dump(mode="json")["confirmation"]["speedup"] == pytest.approx(
-        6.0
-    )
+    assert out.result.confirmation.confirmed and out.result.confirmation.speedup == pytest.approx(6.0)
     searched, confirmation = runner.ran[:-2], runner.ran[-2:]
     assert confirmation == [read_build(base).defaults(), {"batch": 8, "attn": "fused", "cache": "concat"}]
     keys = [config_key(k) for k in searched]
     assert len(keys) == len(set(keys)), "an experiment ran twice"
     assert out.stopReason == "finished"
-    assert out.result.model_dump(mode="json")["state"] == "improved"
-    assert out.result.model_dump(mode="json")["best"]["knobs"] == {"batch": 8, "attn": "fused", "cache": "concat"}
-    assert out.result.model_dump(mode="json")["best"]["speedup"] == pytest.approx(6.0)
+    assert out.result.state == "improved"
+    assert out.result.best.knobs == {
+        "batch": 8,
+        "attn": "fused",
+        "cache": "concat",
+    }
+    assert out.result.best.speedup == pytest.approx(6.0)
     # The best build is in the store with its manifest: knobs, workload and figures.
-    manifest = store.get_manifest(out.result.model_dump(mode="json")["best"]["build"])
+    manifest = store.get_manifest(out.result.best.build)
     assert manifest.knobs["batch"] == 8 and manifest.workload == PROFILE
     assert manifest.figures is not None and manifest.figures.outputTokensPerSecond == pytest.approx(600.0)
     assert out.bestUri and out.bestUri.endswith(".tar.gz")
@@ -152,7 +154,7 @@ def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, bas
     assert len(store.read_jsonl(paths.ledger(0))) == len(searched)
     progress = store.get_json(paths.progress(0))
     assert progress["counts"]["total"] == len(searched) and progress["state"] == "finished"
-    assert store.get_json(paths.result)["best"]["build"] == out.result.model_dump(mode="json")["best"]["build"]
+    assert store.get_json(paths.result)["best"]["build"] == out.result.best.build
 
 
 def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, base: Path) -> None:
@@ -170,7 +172,7 @@ def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, ba
     assert out2.fromLedger == 4
     keys = [config_key(k) for k in first.ran + second.ran]
     assert len(keys) == len(set(keys))
-    assert out2.result.model_dump(mode="json")["best"]["knobs"]["batch"] == 8
+    assert out2.result.best.knobs["batch"] == 8
 
 
 def test_deadline_is_enforced_with_a_fake_clock(tmp_path: Path, base: Path) -> None:
@@ -199,8 +201,12 @@ def test_constraints_and_rejections_are_honoured(tmp_path: Path, base: Path) -> 
     out = Campaign(settings(base, objective=objective), store, LandscapeRunner(reject={"attn": "fused"})).run(
         SearchAgent()
     )
-    assert out.result.model_dump(mode="json")["best"]["knobs"] == {"batch": 2, "attn": "naive", "cache": "concat"}
-    assert out.result.model_dump(mode="json")["experiments"]["rejected"] >= 1
+    assert out.result.best.knobs == {
+        "batch": 2,
+        "attn": "naive",
+        "cache": "concat",
+    }
+    assert out.result.experiments.rejected >= 1
 
 
 def test_sandboxes_explore_disjoint_shares(tmp_path: Path, base: Path) -> None:
@@ -230,11 +236,9 @@ def test_a_win_that_does_not_hold_up_is_not_declared(tmp_path: Path, base: Path)
 
     store = open_store(str(tmp_path / "store"))
     out = Campaign(settings(base, confirm=True), store, SpikeRunner()).run(SearchAgent())
-    assert out.result.model_dump(mode="json")["confirmation"]["confirmed"] is False
-    assert out.result.model_dump(mode="json")["state"] == "noImprovement" and out.result.model_dump(mode="json")["best"] is None
-    assert "did not hold up" in out.result.model_dump(mode="json")["message"] and out.result.model_dump(mode="json")["bestCandidate"][
-        "speedup"
-    ] == pytest.approx(2.0)
+    assert out.result.confirmation.confirmed is False
+    assert out.result.state == "noImprovement" and out.result.best is None
+    assert "did not hold up" in out.result.message and out.result.bestCandidate.speedup == pytest.approx(2.0)
 
 
 def test_noise_rule_and_helpers() -> None:
@@ -308,8 +312,8 @@ def test_search_applies_what_a_knob_requires(tmp_path: Path) -> None:
     runner = InteractionRunner()
     out = Campaign(settings(d), open_store(str(tmp_path / "store")), runner).run(SearchAgent())
     assert {"cache": "concat", "capture": "graph"} not in runner.ran, "a no-op configuration was run"
-    assert out.result.model_dump(mode="json")["state"] == "improved"
-    assert out.result.model_dump(mode="json")["best"]["knobs"] == {"cache": "static", "capture": "graph"}
+    assert out.result.state == "improved"
+    assert out.result.best.knobs == {"cache": "static", "capture": "graph"}
     keys = [config_key(k) for k in runner.ran]
     assert len(keys) == len(set(keys)), "an experiment ran twice"
 

@@ -227,8 +227,8 @@ def test_persistent_api_failure_ends_the_campaign_cleanly(
         out = _campaign(tmp_path).run(ClaudeAgent(api_key=key, max_retries=2))
     assert len(api.requests) == 3  # the first try and two retries
     assert out.stopReason == "agentError" and "HTTP 529" in out.message and key not in out.message
-    assert out.result.model_dump(mode="json")["baseline"] is not None and out.result.model_dump(mode="json")["state"] == "noImprovement"
-    assert out.progress.model_dump(mode="json")["state"] == "finished"
+    assert out.result.baseline is not None and out.result.state == "noImprovement"
+    assert out.progress.state == "finished"
 
 
 def test_end_turn_without_finish_and_max_tokens_nudge(
@@ -259,7 +259,11 @@ def test_end_turn_without_finish_and_max_tokens_nudge(
     ran, bad_write = tool_results(api.requests[3])
     assert "status: passed" in result_text(ran) and bad_write.get("is_error")
     assert out.stopReason == "finished" and "without calling finish" in out.message
-    assert out.result.model_dump(mode="json")["state"] == "improved" and out.result.model_dump(mode="json")["best"]["speedup"] == pytest.approx(2.0)
+    assert (
+        out.result.state == "improved"
+        and out.result.best is not None
+        and out.result.best.speedup == pytest.approx(2.0)
+    )
 
 
 def test_token_budget_stops_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +271,7 @@ def test_token_budget_stops_the_agent(tmp_path: Path, monkeypatch: pytest.Monkey
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
         out = _campaign(tmp_path).run(ClaudeAgent(api_key="k", max_tokens=2000))
     assert len(api.requests) == 2 and out.stopReason == "tokens"
-    assert out.progress.model_dump(mode="json")["tokens"] == {"inputTokens": 2000, "outputTokens": 400}
+    assert out.progress.tokens.model_dump() == {"inputTokens": 2000, "outputTokens": 400}
 
 
 def test_paths_are_confined_to_the_working_copy(tmp_path: Path) -> None:

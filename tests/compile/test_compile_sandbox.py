@@ -134,7 +134,11 @@ def test_agent_rejects_a_bad_spec_in_one_sentence(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 2 and "spec.budget: unknown field 'sandboxz'" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "spec.budget: unknown field 'sandboxz'" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
     env = dict(os.environ, POLYMORPH_COMPILEJOB=json.dumps(JOB), JOB_COMPLETION_INDEX="2")
     proc = subprocess.run(
         [*POLYMORPH, "sandbox", "agent", "--store", str(tmp_path / "s")],
@@ -144,8 +148,6 @@ def test_agent_rejects_a_bad_spec_in_one_sentence(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "sandbox index" in proc.stderr
-
-
 
 
 @pytest.mark.slow

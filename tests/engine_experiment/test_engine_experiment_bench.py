@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from engine_support.builds import sensitive_model
 
+from engine_support.builds import sensitive_model
 from polymorph.builds import REFERENCE_BUILD
 from polymorph.workload import RequestShape, Workload
 from polymorph_engine.experiment.bench import benchmark, make_prompts, percentile, replay

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support.builds import MODEL, patched_build, sensitive_checkpoint, wrapping_build
 
+from engine_support.builds import MODEL, patched_build, sensitive_checkpoint, wrapping_build
 from polymorph.builds import REFERENCE_BUILD
 from polymorph.cli import main
 from polymorph.store import LocalStore

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_support.builds import patched_build, sensitive_model, wrapping_build
 
+from engine_support.builds import patched_build, sensitive_model, wrapping_build
 from polymorph.api import ExperimentRecord, Gates
 from polymorph.builds import REFERENCE_BUILD, knob_variant
 from polymorph.store import build_id

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_support.builds import CRASHES, MODEL, wrapping_build
 
+from engine_support.builds import CRASHES, MODEL, wrapping_build
 from polymorph.builds import REFERENCE_BUILD
 from polymorph.store import build_id
 from polymorph_engine.experiment.run import BenchSettings

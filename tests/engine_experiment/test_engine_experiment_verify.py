@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support.builds import patched_build, sensitive_model, wrapping_build
 
+from engine_support.builds import patched_build, sensitive_model, wrapping_build
 from polymorph.api import Gates
 from polymorph.builds import REFERENCE_BUILD
 from polymorph_engine.experiment.verify import Golden, default_prompts, golden, verify

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support.builds import patched_build, sensitive_model, wrapping_build
 
+from engine_support.builds import patched_build, sensitive_model, wrapping_build
 from polymorph.api import Gates
 from polymorph.builds import REFERENCE_BUILD, knob_variant
 from polymorph.errors import BuildError

@@ -125,7 +125,7 @@ def test_every_knob_value_agrees_with_the_defaults(
 _COMPILE_CHECK = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from test_engine_model_reference import FAST, _assert_agrees, run_scenario
+from test_engine_runtime_model_reference import FAST, _assert_agrees, run_scenario
 from polymorph_engine.runtime.checkpoint import load_model
 
 model = load_model("tiny", seed=7)

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from engine_support.builds import sensitive_model
 
+from engine_support.builds import sensitive_model
 from polymorph.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath

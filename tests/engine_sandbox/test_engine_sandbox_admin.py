@@ -19,12 +19,13 @@ import pytest
 
 from polymorph.api import ExperimentRecord
 from polymorph.builds import REFERENCE_BUILD
+from polymorph.compile.runner import RemoteRunner
 from polymorph.errors import UsageError
 from polymorph.store import archive_build, build_id
 from polymorph.workload import RequestShape, Workload
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor
-from polymorph_engine.sandbox.admin import RemoteRunner, serve_admin
+from polymorph_engine.sandbox.admin import serve_admin
 from polymorph_engine.serving.server import EngineHTTPServer
 
 WORKLOAD = Workload((RequestShape(8, 4), RequestShape(6, 3)), 2, "sha256:admin-test")

@@ -3,7 +3,7 @@
 The hot path here is a tiny, deterministic stand-in that follows the HotPath protocol: the
 next token is always ``last + 1`` (mod 256), so a prompt "a" continues "bcdef...". That makes
 completions, stop strings and token counts exactly predictable; the real reference build is
-exercised in test_engine_server_cli.py.
+exercised in test_engine_serving_cli.py.
 """
 
 from __future__ import annotations
