@@ -233,7 +233,9 @@ def _coerce(knob: Knob, value: object) -> KnobValue | None:
     return None
 
 
-def resolve_knobs(spec: BuildDeclaration, overrides: Mapping[str, object] | None = None) -> dict[str, KnobValue]:
+def resolve_knobs(
+    spec: BuildDeclaration, overrides: Mapping[str, object] | None = None
+) -> dict[str, KnobValue]:
     """The build's defaults with ``overrides`` applied; an unknown knob or value raises BuildError."""
     knobs = spec.defaults()
     for name, value in (overrides or {}).items():
