@@ -1,0 +1,148 @@
+"""The real helm v4 installs, upgrades and uninstalls the chart against the Kubernetes emulator
+(``support.k8s_emulator``): the CRDs, the kopf peering CRD among the templates, the peering objects
+rendered as post-install hooks while they do not exist (``lookup`` is guarded, as it fails on a kind
+the server does not serve yet), and an upgrade that leaves a live peering alone.
+
+helm 4 waits for hook objects with a watch that needs watch-list bookmarks, which the emulator does
+not send, so the hooks run with ``--no-hooks`` here and the test creates the peering object as the
+hook would. The emulator enforces no RBAC and runs no controllers: this shows how helm applies the
+chart, not that the operator's pods start.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from chart_render import CHART, FULLNAME, NAMESPACE, RELEASE, values_file
+
+from support.k8s_binaries import helm
+from support.k8s_emulator import EmulatorThread, k8s_emulator
+
+__all__ = ["k8s_emulator"]  # the fixture, used by the tests below
+
+Helm = Callable[..., str]
+
+
+@pytest.fixture
+def api(k8s_emulator: EmulatorThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=k8s_emulator.url, timeout=10) as client:
+        for name in (NAMESPACE, "team-a", "team-b"):
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            assert client.post("/api/v1/namespaces", json=namespace).status_code == 201
+        yield client
+
+
+@pytest.fixture
+def run_helm(k8s_emulator: EmulatorThread, tmp_path: Path) -> Helm:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "KUBECONFIG": str(k8s_emulator.kubeconfig(tmp_path / "kubeconfig")),
+    }
+
+    def run(*args: str, values: dict[str, Any] | None = None) -> str:
+        extra = ["-f", str(values_file(values, tmp_path))] if values is not None else []
+        if args[0] in ("install", "upgrade"):
+            extra.append("--no-hooks")  # see the module docstring
+        done = subprocess.run(
+            [str(helm()), *args, "--namespace", NAMESPACE, *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    return run
+
+
+def _items(api: httpx.Client, path: str) -> list[dict[str, Any]]:
+    response = api.get(path)
+    assert response.status_code == 200, response.text
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items
+
+
+def _crd_names(api: httpx.Client) -> set[str]:
+    return {
+        c["metadata"]["name"] for c in _items(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+    }
+
+
+def _hook_kinds(run_helm: Helm) -> list[str]:
+    hooks = [d for d in yaml.safe_load_all(run_helm("get", "hooks", RELEASE)) if d]
+    return sorted(h["kind"] for h in hooks)
+
+
+def test_install_cluster_wide_with_peering_then_upgrade_and_uninstall(
+    api: httpx.Client, run_helm: Helm
+) -> None:
+    run_helm("install", RELEASE, str(CHART), values={"replicas": 2})
+    assert {
+        "modeldeployments.polymorph.dev",
+        "compilejobs.polymorph.dev",
+        "clusterkopfpeerings.kopf.dev",
+    } <= _crd_names(api)
+    (deployment,) = _items(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
+    assert deployment["spec"]["replicas"] == 2
+    assert _hook_kinds(run_helm) == ["ClusterKopfPeering"]  # it does not exist yet: the hook creates it
+
+    # What the hook creates, with the peers kopf keeps in its status.
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "polymorph"}}
+    created = api.post("/apis/kopf.dev/v1/clusterkopfpeerings", json=peering)
+    assert created.status_code == 201, created.text
+    peers = {"status": {"pm-polymorph-abc": {"priority": 7, "lifetime": 60}}}
+    path = "/apis/kopf.dev/v1/clusterkopfpeerings/polymorph"
+    patched = api.patch(path, json=peers, headers={"Content-Type": "application/merge-patch+json"})
+    assert patched.status_code == 200, patched.text
+
+    run_helm("upgrade", RELEASE, str(CHART), values={"replicas": 2, "settings": {"logLevel": "debug"}})
+    assert _hook_kinds(run_helm) == []  # the live peering is found, so no hook would recreate it
+    assert api.get(path).json()["status"] == peers["status"]
+    (config,) = [
+        c
+        for c in _items(api, f"/api/v1/namespaces/{NAMESPACE}/configmaps")
+        if c["metadata"]["name"] == FULLNAME
+    ]
+    assert config["data"]["POLYMORPH_LOG_LEVEL"] == "debug"
+
+    run_helm("uninstall", RELEASE)
+    assert _items(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments") == []
+    assert "clusterkopfpeerings.kopf.dev" in _crd_names(api)  # kept: other kopf operators may use it
+
+
+def test_install_namespaced_creates_roles_and_peering_hooks_in_each_namespace(
+    api: httpx.Client, run_helm: Helm
+) -> None:
+    run_helm("install", RELEASE, str(CHART), values={"replicas": 2, "watchNamespaces": ["team-a", "team-b"]})
+    assert "kopfpeerings.kopf.dev" in _crd_names(api)
+    for namespace in ("team-a", "team-b"):
+        roles = _items(api, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles")
+        assert [r["metadata"]["name"] for r in roles] == [FULLNAME]
+    (cluster_role,) = [
+        r
+        for r in _items(api, "/apis/rbac.authorization.k8s.io/v1/clusterroles")
+        if r["metadata"]["name"] == FULLNAME
+    ]
+    assert [rule["resources"] for rule in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    hooks = [d for d in yaml.safe_load_all(run_helm("get", "hooks", RELEASE)) if d]
+    assert sorted((h["kind"], h["metadata"]["namespace"]) for h in hooks) == [
+        ("KopfPeering", "team-a"),
+        ("KopfPeering", "team-b"),
+    ]
+
+
+def test_install_standalone_ships_no_peering(api: httpx.Client, run_helm: Helm) -> None:
+    run_helm("install", RELEASE, str(CHART), values={})
+    assert not {n for n in _crd_names(api) if n.endswith("kopf.dev")}
+    (deployment,) = _items(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
+    assert "--standalone" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
