@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from harness import GROUP, NS, Api, OperatorProcess, wait_for
 
+from support.k8s_binaries import kubectl
 from support.k8s_emulator import EmulatorThread
 
 
@@ -65,4 +68,82 @@ def test_apply_creates_hardened_children_and_status(
     # kopf keeps its state in status, never in annotations (GitOps tools would see drift there).
     assert not any(k.startswith("kopf") for k in (api.md("chat") or {})["metadata"].get("annotations", {}))
     assert "kopf" in status
-    _ = op
+    assert op.healthy()
+
+
+def test_invalid_spec_sets_degraded_once_without_crash_loop(
+    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+) -> None:
+    _, api, _ = cluster
+    op = operator()
+    # The CRD's structural schema admits decreasing weights (a CEL rule refuses them in a real
+    # cluster); the operator's pydantic model refuses them.
+    bad = md(rollout={"steps": [{"weight": 50}, {"weight": 25}]})
+    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", bad)
+    degraded = wait_for(
+        "Degraded",
+        lambda: next((c for c in (api.md("chat") or {}).get("status", {}).get("conditions", []) if c["type"] == "Degraded"), None),
+    )  # fmt: skip
+    assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
+    assert degraded["message"].startswith("spec.rollout.steps") and "strictly increasing" in degraded["message"]
+    time.sleep(3)  # six rollout ticks
+    assert len(api.events("InvalidSpec")) == 1
+    assert api.deployment("chat") is None
+    assert op.healthy()
+    # Fixing the spec clears it.
+    api.patch(f"{GROUP}/namespaces/{NS}/modeldeployments/chat", {"spec": {"rollout": {"steps": [{"weight": 25}, {"weight": 50}]}}})
+    wait_for("the stable Deployment after the fix", lambda: api.deployment("chat"))
+    wait_for(
+        "Degraded cleared",
+        lambda: any(c["type"] == "Degraded" and c["status"] == "False" for c in api.md("chat")["status"]["conditions"]),  # type: ignore[index]
+    )
+
+
+def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
+    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+) -> None:
+    _, api, kubeconfig = cluster
+    operator()
+    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
+    wait_for("status", lambda: (api.md("chat") or {}).get("status", {}).get("activeBuild"))
+    build = "sha256:" + "ab" * 32
+    figures = {"outputTokensPerSecond": 1234.5, "totalTokensPerSecond": 2000, "ttftP50Ms": 10, "ttftP95Ms": 20,
+               "itlP50Ms": 5, "itlP95Ms": 8, "noise": 0.01}  # fmt: skip
+    api.patch(
+        f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status",
+        {"status": {"activeBuild": {"id": build, "name": "static-cache", "figures": figures}, "drift": {"score": 0.42}}},
+    )
+    wait_for("Ready", lambda: api.md("chat")["status"].get("phase") in ("Serving", "Pending"))  # type: ignore[index]
+    out = subprocess.run(
+        [str(kubectl()), "--kubeconfig", str(kubeconfig), "-n", NS, "get", "md"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    header, row = out.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "BUILD", "PHASE", "DRIFT", "TOK/S", "AGE"]
+    cells = row.split()
+    assert cells[0] == "chat" and cells[1] == "static-cache" and cells[3] == "0.42" and cells[4] == "1234.5"
+    assert cells[2] in ("Pending", "Serving")
+
+
+def test_delete_cleans_up_children(
+    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+) -> None:
+    _, api, _ = cluster
+    operator()
+    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
+    wait_for("the stable Deployment", lambda: api.deployment("chat"))
+    wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat"))
+    job = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob", "metadata": {"name": "chat-manual", "namespace": NS},
+           "spec": {"deploymentRef": {"name": "chat"}, "workload": {"profile": {
+               "inputTokens": {"bounds": [128], "counts": [1]}, "outputTokens": {"bounds": [64], "counts": [1]}}}}}  # fmt: skip
+    api.create(f"{GROUP}/namespaces/{NS}/compilejobs", job)
+    wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual"))
+    assert api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is not None
+    # Deleting the CompileJob removes its Job and ConfigMap ...
+    api.delete(f"{GROUP}/namespaces/{NS}/compilejobs/chat-manual")
+    wait_for("the Job gone", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual") is None)
+    assert api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is None
+    # ... and deleting the ModelDeployment removes its Deployments and Service.
+    api.delete(f"{GROUP}/namespaces/{NS}/modeldeployments/chat")
+    wait_for("the Deployment gone", lambda: api.deployment("chat") is None)
+    assert api.get(f"/api/v1/namespaces/{NS}/services/chat") is None
