@@ -4,6 +4,7 @@ each configuration asks for. Everything is rendered by the real helm v4 binary."
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -30,6 +31,7 @@ from chart_render import (
 )
 
 from polymorph import crdgen
+from polymorph.handlers import settings as operator_flags
 
 KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
 # Kinds kubernetes-validate has no schema for; each is checked below against its own definition.
@@ -450,3 +452,29 @@ def test_chart_needs_a_kubernetes_with_cel_validation() -> None:
     assert helm_run("template", RELEASE, str(CHART), "--kube-version", "1.29.0").returncode == 0
     done = helm_run("template", RELEASE, str(CHART), "--kube-version", "1.28.0")
     assert done.returncode != 0 and "chart requires kubeVersion: >=1.29.0-0" in done.stderr
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=IDS)
+def test_the_operator_accepts_the_charts_command_line_and_settings(case: str, values: dict[str, Any]) -> None:
+    """The Deployment's args and the ConfigMap's POLYMORPH_* keys parse with the operator's own flags."""
+    docs = render(values)
+    container = _container(docs)
+    env = {**one(docs, "ConfigMap")["data"], **{e["name"]: "x" for e in container["env"] if "valueFrom" in e}}
+    parser = argparse.ArgumentParser()
+    operator_flags.configure(parser)
+    known = {"POLYMORPH_" + a.dest.upper() for a in parser._actions if a.dest != "help"}
+    assert set(one(docs, "ConfigMap")["data"]) <= known
+    assert container["args"][0] == "operator"
+    config = operator_flags.from_args(parser.parse_args(container["args"][1:]), env)
+    watched = values.get("watchNamespaces", [])
+    assert config.namespaces == tuple(watched) and config.all_namespaces is (not watched)
+    assert config.standalone is (values.get("replicas", 1) == 1)
+    assert config.peering == "polymorph"
+    assert config.store == values.get("store", {}).get("uri", "s3://polymorph-builds")
+    assert config.cluster.store_secret == (values.get("store", {}).get("credentialsSecret") or None)
+    secret = values.get("anthropic", {}).get("apiKeySecret", {})
+    assert config.cluster.anthropic_secret == (
+        (secret["name"], secret["key"]) if secret.get("name") else None
+    )
+    assert config.log_level == values.get("settings", {}).get("logLevel", "info")
+    assert (config.metrics_port, config.health_port) == (9090, 8080)
