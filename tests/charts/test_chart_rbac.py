@@ -20,7 +20,7 @@ READ = frozenset({"get", "list", "watch"})
 # (apiGroup, resource) -> verbs, in each watched namespace.
 WATCHED: dict[tuple[str, str], frozenset[str]] = {
     ("polymorph.dev", "modeldeployments"): READ | {"patch"},
-    ("polymorph.dev", "compilejobs"): READ | {"patch"},
+    ("polymorph.dev", "compilejobs"): READ | {"create", "patch"},  # the drift loop opens CompileJobs
     ("polymorph.dev", "modeldeployments/status"): frozenset({"get", "patch"}),
     ("polymorph.dev", "compilejobs/status"): frozenset({"get", "patch"}),
     ("apps", "deployments"): CRUD,

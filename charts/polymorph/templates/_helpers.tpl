@@ -54,8 +54,13 @@ operator's recorded API calls.
 {{- define "polymorph.rbacTable" -}}
 - where: watched
   apiGroups: [polymorph.dev]
-  resources: [modeldeployments, compilejobs]
+  resources: [modeldeployments]
   verbs: [get, list, watch, patch]
+# The fleet drift loop opens CompileJobs.
+- where: watched
+  apiGroups: [polymorph.dev]
+  resources: [compilejobs]
+  verbs: [get, list, watch, create, patch]
 - where: watched
   apiGroups: [polymorph.dev]
   resources: [modeldeployments/status, compilejobs/status]
