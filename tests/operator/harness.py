@@ -12,6 +12,7 @@ and a stand-in for the controllers that do not run here.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import signal
@@ -267,3 +268,46 @@ class Kubelet:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+_agent: contextvars.ContextVar[str] = contextvars.ContextVar("polymorph_test_user_agent", default="")
+
+
+class _AgentLog(list):  # type: ignore[type-arg]
+    """The emulator's access log, each entry tagged with the User-Agent of the request that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.agents: list[str] = []
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self.agents.append(_agent.get())
+
+
+def trace_agents(emulator: Any) -> _AgentLog:
+    """Tag the emulator's access log with User-Agents, so a test can tell the operator's requests from its own."""
+    log = _AgentLog()
+    emulator.access_log = log
+    base = type(emulator)
+
+    class Traced(base):  # type: ignore[valid-type, misc]
+        __slots__ = ()
+
+        async def _route(self, request: Any) -> Any:
+            _agent.set(request.headers.get("User-Agent", ""))
+            return await super()._route(request)
+
+    emulator.__class__ = Traced  # the emulator is a slotted attrs class: swap the class, not a method
+    return log
+
+
+def operator_access(log: _AgentLog) -> set[tuple[str, str, str]]:
+    """``(verb, apiGroup, resource[/subresource])`` of every request not made by the test's httpx client."""
+    out = set()
+    for access, agent in zip(log, log.agents, strict=True):
+        if agent.startswith("python-httpx"):
+            continue
+        resource = f"{access.resource}/{access.subresource}" if access.subresource else access.resource
+        out.add((access.verb, access.api_group, resource))
+    return out

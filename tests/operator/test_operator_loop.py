@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, progress, result
-from harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
+from harness import (
+    GROUP,
+    NS,
+    Api,
+    FakeEngine,
+    Kubelet,
+    OperatorProcess,
+    operator_access,
+    trace_agents,
+    wait_for,
+)
 
 from polymorph.api import WorkloadProfile
 from polymorph.store import LocalStore, progress_key, result_key
@@ -34,6 +44,28 @@ DEPLOYMENT = {
 }  # fmt: skip
 
 
+RBAC = {
+    *(
+        (v, "polymorph.dev", r)
+        for v in ("get", "list", "watch", "patch")
+        for r in ("modeldeployments", "compilejobs")
+    ),
+    *(
+        (v, "polymorph.dev", f"{r}/status")
+        for v in ("get", "patch")
+        for r in ("modeldeployments", "compilejobs")
+    ),
+    ("create", "polymorph.dev", "compilejobs"),
+    *((v, "apps", "deployments") for v in ("get", "list", "watch", "create", "patch", "delete")),
+    *((v, "", r) for v in ("get", "create", "patch", "delete") for r in ("services", "configmaps")),
+    *((v, "batch", "jobs") for v in ("get", "create", "patch", "delete")),
+    ("create", "", "events"),
+    *((v, "apiextensions.k8s.io", "customresourcedefinitions") for v in ("list", "watch")),
+    *((v, "", "namespaces") for v in ("list", "watch")),
+}
+"""What the operator may do (the Helm chart's ClusterRole must grant at least this)."""
+
+
 def status(api: Api) -> dict[str, Any]:
     return (api.md("chat") or {}).get("status") or {}
 
@@ -51,7 +83,8 @@ def test_drift_compile_canary_promote(
     kubelet: Kubelet,
     tmp_path: Path,
 ) -> None:
-    _, api, _ = cluster
+    running, api, _ = cluster
+    agents = running.call(trace_agents)
     op = operator()
     for _ in range(2):
         engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
@@ -139,3 +172,11 @@ def test_drift_compile_canary_promote(
     assert len(steps) == 2 and steps[0].startswith("step 1/2") and steps[1].startswith("step 2/2")
     assert len(api.events("Promoted")) == 1
     assert op.metric("polymorph_operator_drift_cycle_queries") == 3
+
+    # The operator never wrote the spec (kopf's finalizer and status do not bump the generation).
+    assert (api.md("chat") or {})["metadata"]["generation"] == 1
+    # Every request the operator made fits the chart's RBAC (the kopf, kubernetes-client agents).
+    used = operator_access(agents)
+    assert used <= RBAC, sorted(used - RBAC)
+    assert {("create", "", "events"), ("patch", "polymorph.dev", "modeldeployments/status"),
+            ("create", "polymorph.dev", "compilejobs"), ("create", "batch", "jobs")} <= used  # fmt: skip

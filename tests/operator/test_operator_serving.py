@@ -85,17 +85,24 @@ def test_invalid_spec_sets_degraded_once_without_crash_loop(
         lambda: next((c for c in (api.md("chat") or {}).get("status", {}).get("conditions", []) if c["type"] == "Degraded"), None),
     )  # fmt: skip
     assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
-    assert degraded["message"].startswith("spec.rollout.steps") and "strictly increasing" in degraded["message"]
+    assert (
+        degraded["message"].startswith("spec.rollout.steps") and "strictly increasing" in degraded["message"]
+    )
     time.sleep(3)  # six rollout ticks
     assert len(api.events("InvalidSpec")) == 1
     assert api.deployment("chat") is None
     assert op.healthy()
     # Fixing the spec clears it.
-    api.patch(f"{GROUP}/namespaces/{NS}/modeldeployments/chat", {"spec": {"rollout": {"steps": [{"weight": 25}, {"weight": 50}]}}})
+    api.patch(
+        f"{GROUP}/namespaces/{NS}/modeldeployments/chat",
+        {"spec": {"rollout": {"steps": [{"weight": 25}, {"weight": 50}]}}},
+    )
     wait_for("the stable Deployment after the fix", lambda: api.deployment("chat"))
     wait_for(
         "Degraded cleared",
-        lambda: any(c["type"] == "Degraded" and c["status"] == "False" for c in api.md("chat")["status"]["conditions"]),  # type: ignore[index]
+        lambda: any(
+            c["type"] == "Degraded" and c["status"] == "False" for c in api.md("chat")["status"]["conditions"]
+        ),  # type: ignore[index]
     )
 
 
@@ -111,7 +118,12 @@ def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
                "itlP50Ms": 5, "itlP95Ms": 8, "noise": 0.01}  # fmt: skip
     api.patch(
         f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status",
-        {"status": {"activeBuild": {"id": build, "name": "static-cache", "figures": figures}, "drift": {"score": 0.42}}},
+        {
+            "status": {
+                "activeBuild": {"id": build, "name": "static-cache", "figures": figures},
+                "drift": {"score": 0.42},
+            }
+        },
     )
     wait_for("Ready", lambda: api.md("chat")["status"].get("phase") in ("Serving", "Pending"))  # type: ignore[index]
     out = subprocess.run(
