@@ -87,10 +87,10 @@ class Kube(Protocol):
     def delete(self, kind: Kind, namespace: str, name: str) -> bool: ...
 
 
-def load_configuration() -> kubernetes.client.Configuration:
-    """``$KUBECONFIG`` (or ~/.kube/config) when present, else the in-cluster service account."""
+def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+    """``kubeconfig``, else ``$KUBECONFIG`` (or ~/.kube/config) when present, else the in-cluster service account."""
     config = kubernetes.client.Configuration()
-    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     if os.path.exists(path.split(os.pathsep)[0]):
         kubernetes.config.load_kube_config(config_file=path.split(os.pathsep)[0], client_configuration=config)
     else:

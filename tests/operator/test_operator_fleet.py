@@ -1,0 +1,122 @@
+"""The fleet drift cycle at 500 deployments: a fixed number of PromQL queries, however large the fleet.
+
+The cycle runs in-process against the real emulator (for the status writes and CompileJobs); the
+Prometheus seam is a plain function answering the three profile queries for every deployment, which
+also counts what it is asked. (The real-Prometheus, real-process version is bench/fleet_drift.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import GROUP, NS, Api
+
+from polymorph.clients.kube import KubeClient, load_configuration
+from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
+from polymorph.core.promql import Series
+from polymorph.core.resources import ClusterSettings
+from polymorph.handlers.context import AnalysisCache, Context, Health
+from polymorph.handlers.fleet import drift_cycle
+from polymorph.handlers.observability import OperatorMetrics
+from polymorph.handlers.settings import OperatorConfig
+from polymorph.store import LocalStore
+from support.k8s_emulator import EmulatorThread
+
+SHORT = {
+    "inputTokens": {"bounds": [64], "counts": [100]},
+    "outputTokens": {"bounds": [32], "counts": [100]},
+    "concurrency": 2,
+}
+
+
+def body(i: int, window: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": f"md-{i:03d}", "namespace": NS},
+        "spec": {"model": {"uri": "tiny"}, "hardware": {"accelerator": "cpu"},
+                 "recompile": {"window": window, "minRequests": 10, "cooldown": "6h"}},
+    }  # fmt: skip
+
+
+def answers(drifted: set[str], names: list[str], asked: list[str]) -> Any:
+    def query(promql: str) -> list[Series]:
+        asked.append(promql)
+        out: list[Series] = []
+        for name in names:
+            labels = {"namespace": NS, "model_deployment": name}
+            if "prompt_tokens_bucket" in promql:
+                le = 4096.0 if name in drifted else 64.0
+                out += [({**labels, "le": str(le)}, 100.0), ({**labels, "le": "+Inf"}, 100.0)]
+            elif "generation_tokens_bucket" in promql:
+                out += [({**labels, "le": "32.0"}, 100.0), ({**labels, "le": "+Inf"}, 100.0)]
+            else:
+                out.append((labels, 2.0))
+        return out
+
+    return query
+
+
+@pytest.fixture
+def fleet(
+    cluster: tuple[EmulatorThread, Api, Path], tmp_path: Path
+) -> tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]]:
+    _, api, _ = cluster
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for i in range(500):
+        created = api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", body(i, "1m" if i % 2 else "5m"))
+        tuned = {"activeBuild": {"id": "reference", "profile": SHORT}}
+        created = api.patch(
+            f"{GROUP}/namespaces/{NS}/modeldeployments/{created['metadata']['name']}/status",
+            {"status": tuned},
+        )
+        index[(NS, created["metadata"]["name"])] = [created]
+    return api, index
+
+
+def context(kubeconfig: Path, query: Any, tmp_path: Path) -> Context:
+    config = OperatorConfig(namespaces=(NS,), all_namespaces=False, prometheus_url="http://unused", store=str(tmp_path),
+                            drift_interval_s=60, cluster=ClusterSettings(store=str(tmp_path)))  # fmt: skip
+    metrics = OperatorMetrics()
+    return Context(config=config, kube=KubeClient(load_configuration(str(kubeconfig))), query=CountingQuery(query, metrics.on_query),
+                   store=LocalStore(tmp_path), metrics=metrics, health=Health(), analysis=AnalysisCache(30))  # fmt: skip
+
+
+def test_500_deployments_take_six_queries_for_two_windows(
+    cluster: tuple[EmulatorThread, Api, Path],
+    fleet: tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]],
+    tmp_path: Path,
+) -> None:
+    api, index = fleet
+    names = [key[1] for key in index]
+    drifted = set(names[:10])
+    asked: list[str] = []
+    ctx = context(cluster[2], answers(drifted, names, asked), tmp_path)
+    report = asyncio.run(drift_cycle(ctx, index, {}))
+    assert report.deployments == 500
+    assert report.queries == 6 == len(asked)  # 3 profile queries x 2 distinct windows
+    assert {q.split("[")[-1].split("]")[0] for q in asked} == {"1m", "5m"}
+    assert report.opened == 10 and report.written == 500
+    assert len(api.compilejobs()) == 10
+    scores = {api.md(n)["status"]["drift"]["score"] for n in (names[0], names[-1])}  # type: ignore[index]
+    assert scores == {1.0, 0.0}
+
+
+def test_prometheus_down_is_no_data_and_no_decision(
+    cluster: tuple[EmulatorThread, Api, Path],
+    fleet: tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]],
+    tmp_path: Path,
+) -> None:
+    api, index = fleet
+
+    def down(_: str) -> list[Series]:
+        raise PrometheusUnavailable("Prometheus at http://x is unreachable: ConnectionError")
+
+    ctx = context(cluster[2], down, tmp_path)
+    report = asyncio.run(drift_cycle(ctx, index, {}))
+    assert report.error is not None and report.queries == 1 and report.written == 0 and report.opened == 0
+    assert ctx.health.prometheus_error is not None
+    assert api.compilejobs() == []
