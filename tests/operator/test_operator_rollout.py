@@ -16,7 +16,7 @@ from support.k8s_emulator import EmulatorThread
 from support.prometheus import PrometheusServer
 
 
-def deployment(on_failure: str = "Rollback", pause: str = "4s") -> dict[str, Any]:
+def deployment(on_failure: str = "Rollback", pause: str = "4s", policy: str = "Auto") -> dict[str, Any]:
     return {
         "apiVersion": "polymorph.dev/v1alpha1",
         "kind": "ModelDeployment",
@@ -26,6 +26,7 @@ def deployment(on_failure: str = "Rollback", pause: str = "4s") -> dict[str, Any
             "hardware": {"accelerator": "cpu"},
             "replicas": 4,
             "recompile": {"enabled": False},
+            "build": {"policy": policy},
             "rollout": {
                 "steps": [{"weight": 25, "pause": pause}, {"weight": 50, "pause": pause}],
                 "analysis": {"interval": "2s", "failureLimit": 1},
@@ -138,3 +139,31 @@ def test_prometheus_outage_and_operator_kill_mid_rollout(
     assert before == 2 and len(steps) == 2, steps
     assert len(api.events("Promoted")) == 1
     assert status(api)["history"][-1]["outcome"] == "Promoted"
+
+
+def test_manual_approval_then_abort(
+    cluster: tuple[EmulatorThread, Api, Path],
+    operator: Callable[..., OperatorProcess],
+    engines: Callable[..., FakeEngine],
+    kubelet: Kubelet,
+) -> None:
+    _, api, _ = cluster
+    operator()
+    start(api, engines, canary_itl=0.015, policy="Manual", pause="1h")
+    waiting = wait_for("WaitingForApproval", lambda: api.events("WaitingForApproval"))
+    assert f"polymorph.dev/approve={NEW}" in waiting[0]["message"]
+    time.sleep(2)
+    assert api.deployment("chat-canary") is None and len(api.events("WaitingForApproval")) == 1
+    path = f"{GROUP}/namespaces/{NS}/modeldeployments/chat"
+    api.patch(path, {"metadata": {"annotations": {"polymorph.dev/approve": NEW}}})
+    canary = wait_for("the approved canary", lambda: api.deployment("chat-canary"))
+    assert canary["spec"]["replicas"] == 1
+    # polymorph.dev/abort: "true" ends it: stable back to all replicas, the canary removed.
+    api.patch(path, {"metadata": {"annotations": {"polymorph.dev/abort": "true"}}})
+    wait_for("Aborted", lambda: state(api).get("phase") == "Aborted", timeout=20)
+    wait_for("the canary removed", lambda: api.deployment("chat-canary") is None)
+    assert (api.deployment("chat") or {})["spec"]["replicas"] == 4
+    assert (
+        status(api)["history"][-1]["outcome"] == "Aborted" and status(api)["activeBuild"]["id"] == "reference"
+    )
+    assert len(api.events("Aborted")) == 1

@@ -83,8 +83,10 @@ def _drift_patch(
     if score is not None and (changed or stale):
         patch["drift"] = {"score": round(score, 2), "checkedAt": _iso(now), "reasons": reasons}
     if live is not None:
+        # Request counts move every cycle; the profile is rewritten when the drift says its shape
+        # moved, or when it is stale, so a steady fleet costs no writes per cycle.
         old = status.trafficProfile if status is not None else None
-        if old is None or old.profile != live.profile or stale:
+        if old is None or old.profile is None or (score is not None and changed) or stale:
             patch["trafficProfile"] = {
                 "profile": live.profile.model_dump(mode="json"),
                 "requests": live.requests,
