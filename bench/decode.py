@@ -58,6 +58,7 @@ from hot_vs_cold import copy_bandwidth, decode_bytes_per_step  # a sibling scrip
 
 ENGINES = ("polymorph-reference", "polymorph", "compiled-peer", "hf-eager", "hf-compiled")
 COMPILED = {"compiled-peer", "hf-compiled"}
+PROFILE_STEPS = 32
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
         "--compiled-batches", default="1,8,32", help="batches for the compiled peers (each compiles anew)"
     )
     p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--knobs", default="", help="the best build's knobs: name=value,name=value")
+    p.add_argument(
+        "--knobs",
+        default="",
+        help="the best build's knobs: name=value,name=value (several sets: ';' between)",
+    )
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--warmup", type=int, default=8)
@@ -133,7 +138,9 @@ def run_polymorph(
 
     hotpath, _, resolved = load_hotpath(model, build_dir, knobs)
     t = time.perf_counter()
-    cache = hotpath.new_cache(batch, args.prompt + args.warmup + args.steps + 8)
+    profiled = args.profile and batch == 1 and bool(knobs) and torch.cuda.is_available()
+    room = args.prompt + args.warmup + args.steps + (PROFILE_STEPS if profiled else 0) + 8
+    cache = hotpath.new_cache(batch, room)
     _sync()
     prepare_s = time.perf_counter() - t
     toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, model.device)
@@ -145,9 +152,7 @@ def run_polymorph(
         state["tokens"] = hotpath.sample(hotpath.decode(cache, slots, state["tokens"]))
 
     seconds = timed_decode(step, args.steps, args.warmup)
-    profile = None
-    if args.profile and batch == 1 and knobs:
-        profile = kernel_profile(step, 32)
+    profile = kernel_profile(step, PROFILE_STEPS) if profiled else None
     hotpath.close()
     return {
         "tok_s": batch * args.steps / seconds,
@@ -402,11 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(args.device, (1 << 30) if device.type == "cuda" else (64 << 20))
-    knobs = parse_knobs(args.knobs)
     work = Path(tempfile.mkdtemp(prefix="polymorph-decode-"))
-    best_dir = knob_variant(REFERENCE_BUILD, knobs, work / "best", name="best") if knobs else REFERENCE_BUILD
-    builds = {"polymorph-reference": (REFERENCE_BUILD, {}), "polymorph": (best_dir, knobs)}
-    engines = [e for e in args.engines.split(",") if e]
+    builds: dict[str, tuple[Path, dict[str, Any]]] = {"polymorph-reference": (REFERENCE_BUILD, {})}
+    candidates = []  # one "polymorph" engine per knob set of --knobs (sets separated by ';')
+    for i, text in enumerate(t for t in args.knobs.split(";") if t.strip()):
+        knobs = parse_knobs(text)
+        builds[f"polymorph#{i}"] = (
+            knob_variant(REFERENCE_BUILD, knobs, work / f"best-{i}", name="best"),
+            knobs,
+        )
+        candidates.append(f"polymorph#{i}")
+    engines = []
+    for e in (e for e in args.engines.split(",") if e):
+        engines += candidates if e == "polymorph" else [e]
     batches = [int(b) for b in args.batches.split(",")]
     compiled_batches = {int(b) for b in args.compiled_batches.split(",")}
     rows: list[dict[str, Any]] = []

@@ -14,7 +14,8 @@ Which implementation runs each operation is the ``kernels`` knob:
 - ``triton``: ``TritonOps`` (kernels.py): one RoPE+store launch, split-KV attention over the live
   length only, one-launch RMSNorm and SwiGLU, and the projections either through cuBLAS (residual
   adds in its epilogue; ``gemv = "cublas"``) or, for up to ``GEMV_MAX_ROWS`` rows, through the
-  Triton GEMV with norm / SwiGLU / residual fused in (``gemv = "triton"``). Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
+  Triton GEMV with norm / SwiGLU / residual fused in (``gemv = "triton"``; ``gemv_tile`` weight
+  elements per program and iteration: the bytes each program keeps in flight). Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
   degrades to ``torch``;
 - ``compile``: ``TorchOps`` per layer under ``torch.compile(fullgraph=True, dynamic=False)`` with
   inductor's coordinate-descent tuning (which turns batch-1 matmuls into tuned reductions fused
@@ -148,12 +149,14 @@ class TorchOps:
 class TritonOps(TorchOps):
     """kernels.py for batch <= GEMV_MAX_ROWS; cuBLAS (the torch twin) above it."""
 
-    def __init__(self, shape: Shape, rope: RopeFn, attention: str, gemv: str = "cublas") -> None:
+    def __init__(
+        self, shape: Shape, rope: RopeFn, attention: str, gemv: str = "cublas", tile: int = 4096
+    ) -> None:
         super().__init__(shape, rope, attention)
         from . import kernels  # optional extra: triton is imported only when this knob value is chosen
 
         self.k = kernels
-        self.gemv = gemv
+        self.gemv, self.tile = gemv, tile
 
     def _fused_gemv(self, x: torch.Tensor) -> bool:
         return self.gemv == "triton" and x.shape[0] <= GEMV_MAX_ROWS
@@ -163,21 +166,21 @@ class TritonOps(TorchOps):
     ) -> torch.Tensor:
         if self._fused_gemv(x):
             out = x.new_empty(x.shape[0], w.shape[0])
-            return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps)
+            return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps, tile=self.tile)
         return F.linear(self.k.rms_norm(x, nw, self.s.eps), w, bias)  # one norm launch, then cuBLAS
 
     def linear_residual(
         self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, res: torch.Tensor
     ) -> torch.Tensor:
         if self._fused_gemv(x):
-            return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res)
+            return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res, tile=self.tile)
         if bias is not None:
             res = res + bias
         return torch.addmm(res, x, w.T)  # the residual add in cuBLAS's epilogue
 
     def silu_linear_residual(self, gu: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(gu):
-            return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True)
+            return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True, tile=self.tile)
         return torch.addmm(res, self.k.silu_mul(gu), w.T)
 
     def rope_store(
@@ -211,7 +214,7 @@ class TritonOps(TorchOps):
     def head(self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(x):
             out = x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
-            return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps)
+            return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps, tile=self.tile)
         return F.linear(self.k.rms_norm(x, nw, self.s.eps), w).float()
 
 
@@ -240,6 +243,7 @@ class FusedDecoder:
         buckets: str,
         device: torch.device,
         gemv: str = "cublas",
+        gemv_tile: int = 4096,
     ) -> None:
         self.shape = Shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
@@ -254,7 +258,7 @@ class FusedDecoder:
             kernels = "torch"  # documented degradation: no triton here
         self.kernels = kernels
         self.ops = (
-            TritonOps(self.shape, rope, attention, gemv)
+            TritonOps(self.shape, rope, attention, gemv, gemv_tile)
             if kernels == "triton"
             else TorchOps(self.shape, rope, attention)
         )

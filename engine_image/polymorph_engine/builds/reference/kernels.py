@@ -101,13 +101,13 @@ def _gemv_kernel(
     tl.store(out_ptr + b * stride_ob + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
-def gemv_blocks(n: int, k: int, rows: int, sms: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): a fixed tile, the fewest rows per program that still leave >= 4
-    programs per multiprocessor (more parallel loads in flight), at most 16 rows."""
+def gemv_blocks(n: int, k: int, rows: int, sms: int, tile: int = TILE_ELEMENTS) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): ``tile`` weight elements per program and iteration, the fewest rows per
+    program that still leave >= 4 programs per multiprocessor (more loads in flight), at most 16."""
     block_n = 16
     while block_n > 1 and triton.cdiv(n, block_n) * rows < 4 * sms:
         block_n //= 2
-    block_k = min(TILE_ELEMENTS // block_n, triton.next_power_of_2(k))
+    block_k = min(tile // block_n, triton.next_power_of_2(k))
     return block_n, max(block_k, 16)
 
 
@@ -121,15 +121,17 @@ def gemv(
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-5,
     silu_mul: bool = False,
+    tile: int = TILE_ELEMENTS,
 ) -> torch.Tensor:
-    """out [B, N] = act(x) @ w.T (+ bias) (+ res). x [B, K] ([B, 2K] with ``silu_mul``), w [N, K]."""
+    """out [B, N] = act(x) @ w.T (+ bias) (+ res). x [B, K] ([B, 2K] with ``silu_mul``), w [N, K].
+    ``tile``: weight elements per program and loop iteration (bytes in flight); 8 warps above 8192."""
     n, k = w.shape
     rows = x.shape[0]
     assert w.is_contiguous() and x.stride(-1) == 1 and out.stride(-1) == 1
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, w.shape)
     prologue = PROLOGUE_SILU_MUL if silu_mul else (PROLOGUE_RMSNORM if norm_weight is not None else 0)
     sms = _sm_count(x.device)
-    block_n, block_k = gemv_blocks(n, k, rows, sms)
+    block_n, block_k = gemv_blocks(n, k, rows, sms, tile)
     dummy = w
     _gemv_kernel[(triton.cdiv(n, block_n), rows)](
         x,
@@ -149,7 +151,7 @@ def gemv(
         HAS_RES=res is not None,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        num_warps=4,
+        num_warps=4 if tile <= 8192 else 8,
     )
     return out
 
