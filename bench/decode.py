@@ -152,7 +152,12 @@ def run_polymorph(
         state["tokens"] = hotpath.sample(hotpath.decode(cache, slots, state["tokens"]))
 
     seconds = timed_decode(step, args.steps, args.warmup)
-    profile = kernel_profile(step, PROFILE_STEPS) if profiled else None
+    profile: dict[str, Any] | None = None
+    if profiled:
+        try:
+            profile = kernel_profile(step, PROFILE_STEPS)
+        except Exception as exc:  # the profile is evidence, not the figure: keep the row
+            profile = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     hotpath.close()
     return {
         "tok_s": batch * args.steps / seconds,
