@@ -53,6 +53,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from polymorph.builds import REFERENCE_BUILD, knob_variant
+from polymorph_engine.runtime.checkpoint import load_model
+from polymorph_engine.runtime.hotreload import build_id_of
+from polymorph_engine.runtime.loader import load_hotpath
+from polymorph_engine.runtime.model import rope_inv_freq
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hot_vs_cold import copy_bandwidth, decode_bytes_per_step  # a sibling script
 
@@ -134,8 +140,6 @@ def prompts(batch: int, length: int, vocab: int, seed: int, device: torch.device
 def run_polymorph(
     model: Any, build_dir: Path, knobs: dict[str, Any], batch: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    from polymorph_engine.runtime.loader import load_hotpath
-
     hotpath, _, resolved = load_hotpath(model, build_dir, knobs)
     t = time.perf_counter()
     profiled = args.profile and batch == 1 and bool(knobs) and torch.cuda.is_available()
@@ -169,7 +173,7 @@ def run_polymorph(
 
 def kernel_profile(step: Callable[[], None], steps: int, top: int = 15) -> dict[str, Any]:
     """Top kernels by device time over ``steps`` calls of ``step``: per-step microseconds."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # lazy: only --profile needs it
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -244,8 +248,6 @@ class Peer:
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         self.head = self.embed if c.tie_word_embeddings else w["lm_head.weight"]
-        from polymorph_engine.runtime.model import rope_inv_freq
-
         inv = rope_inv_freq(c, dev)  # [D/2]
         freqs = torch.arange(max_seq, device=dev).float()[:, None] * inv  # [S, D/2]
         emb = torch.cat([freqs, freqs], -1)
@@ -310,7 +312,7 @@ def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]
 
 def hf_model(model: Any) -> Any:
     """An HF ``LlamaForCausalLM`` whose parameters are the ``LoadedModel``'s tensors (no copies)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: an optional extra, HF rows only
 
     doc = model.config.to_hf(model.dtype)
     doc.pop("architectures", None)
@@ -323,8 +325,6 @@ def hf_model(model: Any) -> Any:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     hf.load_state_dict(state, strict=False, assign=True)
     hf.tie_weights()
-    from polymorph_engine.runtime.model import rope_inv_freq
-
     inv = rope_inv_freq(model.config, model.device)  # [D/2]: the same llama3-scaled frequencies
     for module in hf.modules():  # the rotary buffers were made on the meta device: fill them
         for buffer in ("inv_freq", "original_inv_freq"):
@@ -334,7 +334,7 @@ def hf_model(model: Any) -> Any:
 
 
 def run_hf(model: Any, batch: int, args: argparse.Namespace, compiled: bool) -> dict[str, Any]:
-    from transformers import DynamicCache, StaticCache
+    from transformers import DynamicCache, StaticCache  # lazy: an optional extra, HF rows only
 
     hf = hf_model(model)
     dev = model.device
@@ -405,10 +405,6 @@ def _freed() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from polymorph.builds import REFERENCE_BUILD, knob_variant
-    from polymorph_engine.runtime.checkpoint import load_model
-    from polymorph_engine.runtime.hotreload import build_id_of
-
     started = time.perf_counter()
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(args.device, (1 << 30) if device.type == "cuda" else (64 << 20))
