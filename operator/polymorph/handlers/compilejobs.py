@@ -30,7 +30,7 @@ from polymorph.compile.documents import CampaignResult, Progress
 from polymorph.core import compilejobs
 from polymorph.core.resources import sandbox_configmap, sandbox_job
 from polymorph.errors import StoreError
-from polymorph.handlers.context import Context, status_patch
+from polymorph.handlers.context import Context, sequence, sequenced_patch
 from polymorph.handlers.modeldeployments import parse as parse_md
 from polymorph.handlers.observability import object_log
 from polymorph.store import KeyNotFound, progress_key, result_key
@@ -143,6 +143,9 @@ async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> 
     if cj is None or cj.status is None or cj.status.phase in TERMINAL_PHASES:
         return cj.status.phase if cj is not None and cj.status is not None else None
     ns, name = cj.metadata.namespace or "default", cj.metadata.name
+    key, seq = ("CompileJob", ns, name), sequence(body)
+    if ctx.fresh.is_stale(key, seq):
+        return cj.status.phase
     try:
         docs, result, ledger = await asyncio.to_thread(_read_documents, cj, ctx)
         job = await asyncio.to_thread(ctx.kube.get, JOBS, ns, name)
@@ -156,8 +159,11 @@ async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> 
         # First the deployment, then our own status: a failure here retries the whole transition.
         await _transition(body, cj, new, result, ctx)
     old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}
-    for key, value in status_patch(old_doc, new.model_dump(mode="json", exclude_none=True)).items():
-        patch.status[key] = value
+    diff = sequenced_patch(old_doc, new.model_dump(mode="json", exclude_none=True), seq)
+    for field_name, value in diff.items():
+        patch.status[field_name] = value
+    if diff:
+        ctx.fresh.wrote(key, seq + 1)
     return new.phase
 
 

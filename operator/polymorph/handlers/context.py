@@ -25,7 +25,17 @@ from polymorph.handlers.observability import OperatorMetrics, object_log
 from polymorph.handlers.settings import OperatorConfig
 from polymorph.store import Store
 
-__all__ = ["AnalysisCache", "Context", "Health", "event_manifest", "status_patch", "utcnow"]
+__all__ = [
+    "AnalysisCache",
+    "Context",
+    "Freshness",
+    "Health",
+    "event_manifest",
+    "sequence",
+    "sequenced_patch",
+    "status_patch",
+    "utcnow",
+]
 
 
 def utcnow() -> datetime:
@@ -81,6 +91,56 @@ class AnalysisCache:
 
 
 @dataclass
+class Freshness:
+    """Never act twice on a stale body.
+
+    kopf hands a handler the latest body it has seen; a timer can fire again before the watch
+    delivers the status it just wrote. Every status write of a handler carries a sequence number
+    (``status.polymorph.seq``); a body whose number is below the last one written is stale, and
+    the tick is skipped (harmless: the next one sees the fresh body). After ``stale_after_s``
+    the body is trusted again, so a lost write cannot block an object. One lock per object keeps
+    a change handler and a timer of the same object from running at once.
+    """
+
+    stale_after_s: float
+    _written: dict[tuple[str, str, str], tuple[int, float]] = field(default_factory=dict)
+    _locks: dict[tuple[str, str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, key: tuple[str, str, str]) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def is_stale(self, key: tuple[str, str, str], seq: int) -> bool:
+        written = self._written.get(key)
+        return written is not None and seq < written[0] and time.monotonic() - written[1] < self.stale_after_s
+
+    def wrote(self, key: tuple[str, str, str], seq: int) -> None:
+        self._written[key] = (seq, time.monotonic())
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        self._written.pop(key, None)
+        self._locks.pop(key, None)
+
+
+def sequence(body: Mapping[str, Any]) -> int:
+    """The ``status.polymorph.seq`` of a body (0 when never written)."""
+    internal = (body.get("status") or {}).get("polymorph") or {}
+    try:
+        return int(internal.get("seq") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def sequenced_patch(old: Mapping[str, Any], new: dict[str, Any], seq: int) -> dict[str, Any]:
+    """``status_patch(old, new)``, plus ``polymorph.seq = seq + 1`` when anything changes."""
+    new.setdefault("polymorph", {})["seq"] = seq
+    diff = status_patch(old, new)
+    if not diff:
+        return {}
+    new["polymorph"]["seq"] = seq + 1
+    return status_patch(old, new)
+
+
+@dataclass
 class Context:
     """The operator's shared context (kopf's memo)."""
 
@@ -91,6 +151,7 @@ class Context:
     metrics: OperatorMetrics
     health: Health
     analysis: AnalysisCache
+    fresh: Freshness = field(default_factory=lambda: Freshness(stale_after_s=30.0))
     clock: Callable[[], datetime] = utcnow
     background: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
     """The fleet loop's stop flag and task, started and stopped with the operator."""

@@ -134,13 +134,35 @@ async def _open(
     return {"lastCompileJob": {"name": name, "phase": "Pending", "reason": why, "createdAt": _iso(now)}}
 
 
-async def drift_cycle(ctx: Context, deployments: Any, compilejobs: Any) -> CycleReport:
-    """One fleet-wide drift check."""
+ParseCache = dict[tuple[str, str], tuple[str, ModelDeployment | None]]
+"""``(namespace, name) -> (resourceVersion, parsed object)``: unchanged objects are not re-validated."""
+
+
+def _parse_cached(body: Mapping[str, Any], cache: ParseCache | None) -> ModelDeployment | None:
+    meta = body.get("metadata", {})
+    key, version = (meta.get("namespace", ""), meta.get("name", "")), str(meta.get("resourceVersion", ""))
+    if cache is not None and version and key in cache and cache[key][0] == version:
+        return cache[key][1]
+    md, _ = parse(body)
+    if cache is not None and version:
+        cache[key] = (version, md)
+    return md
+
+
+async def drift_cycle(
+    ctx: Context, deployments: Any, compilejobs: Any, cache: ParseCache | None = None
+) -> CycleReport:
+    """One fleet-wide drift check (``cache`` keeps parsed deployments between cycles)."""
     start, queries_before = time.perf_counter(), ctx.query.queries
     now = ctx.clock()
     parsed: list[tuple[ModelDeployment, Mapping[str, Any]]] = []
-    for body in _bodies(deployments):
-        md, _ = parse(body)
+    bodies = list(_bodies(deployments))
+    if cache is not None:
+        present = {(b["metadata"].get("namespace", ""), b["metadata"].get("name", "")) for b in bodies}
+        for gone in set(cache) - present:
+            del cache[gone]
+    for body in bodies:
+        md = _parse_cached(body, cache)
         if md is not None:
             parsed.append((md, body))
     by_window: dict[str, list[tuple[ModelDeployment, Mapping[str, Any]]]] = defaultdict(list)
@@ -218,9 +240,10 @@ async def fleet_loop(ctx: Context, deployments: Any, compilejobs: Any, stop: asy
     """Run ``drift_cycle`` every ``--drift-interval`` until ``stop`` is set."""
     log = object_log(None, None, "Fleet")
     was_down = False
+    cache: ParseCache = {}
     while not stop.is_set():
         try:
-            report = await drift_cycle(ctx, deployments, compilejobs)
+            report = await drift_cycle(ctx, deployments, compilejobs, cache)
         except Exception as exc:  # keep the fleet loop alive; the next cycle tries again
             log.exception("drift cycle failed", error=str(exc))
         else:

@@ -42,7 +42,7 @@ from polymorph.core import promql, rollout
 from polymorph.core.analysis import AnalysisRun, run_analysis
 from polymorph.core.conditions import deployment_phase, find, set_condition
 from polymorph.core.resources import ANNOTATION_BUILD_ID, canary_name, serving_deployment, serving_service
-from polymorph.handlers.context import Context, status_patch
+from polymorph.handlers.context import Context, sequence, sequenced_patch
 from polymorph.handlers.observability import object_log
 from polymorph.validate import validate_document
 
@@ -328,6 +328,11 @@ async def tick(
     elif status.activeBuild is None or status.activeBuild.id is None:
         status.activeBuild = BuildStatus(id="reference", name="reference", since=now)
     active = status.activeBuild.id or "reference"
+    key, seq = ("ModelDeployment", md.metadata.namespace or "default", md.metadata.name), sequence(body)
+    if ctx.fresh.is_stale(key, seq):
+        if first:
+            await asyncio.to_thread(apply, ctx.kube, SERVICES, serving_service(md))
+        return "Stale"
     internal = dict((body.get("status") or {}).get("polymorph") or {})
     state = rollout.RolloutState.model_validate(internal.get("rollout") or {})
     obs = _observation(md.model_copy(update={"status": status}), now, active, deployments)
@@ -355,9 +360,11 @@ async def tick(
     new_doc = status.model_dump(mode="json", exclude_none=True)
     new_doc["polymorph"] = {"rollout": new_state.model_dump(mode="json", exclude_none=True)}
     old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}
-    diff = status_patch(old_doc, new_doc)
-    for key, value in diff.items():
-        patch.status[key] = value
+    diff = sequenced_patch(old_doc, new_doc, seq)
+    for field_name, value in diff.items():
+        patch.status[field_name] = value
+    if diff:
+        ctx.fresh.wrote(key, seq + 1)
     for action in actions:
         if isinstance(action, rollout.Emit):
             log.info("rollout decision", reason=action.reason, message=action.message)

@@ -26,7 +26,7 @@ from polymorph.clients.kube import KubeClient
 from polymorph.clients.prometheus import CountingQuery, PrometheusQuery
 from polymorph.errors import UsageError
 from polymorph.handlers import settings as flags
-from polymorph.handlers.context import AnalysisCache, Context, Health
+from polymorph.handlers.context import AnalysisCache, Context, Freshness, Health
 from polymorph.handlers.observability import OperatorMetrics, configure_logging, object_log
 from polymorph.handlers.registry import build_registry, kopf_settings
 from polymorph.store import open_store
@@ -52,6 +52,7 @@ def build_context(config: flags.OperatorConfig) -> Context:
         metrics=metrics,
         health=Health(),
         analysis=AnalysisCache(max_age_s=max(0.5, config.rollout_interval_s / 2)),
+        fresh=Freshness(stale_after_s=max(10.0, 20 * config.rollout_interval_s)),
     )
 
 

@@ -87,8 +87,10 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         first: bool,
         handler: str,
     ) -> None:
+        key = ("ModelDeployment", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
         try:
-            await modeldeployments.tick(body, patch, memo, deployment_index, first=first)
+            async with memo.fresh.lock(key):
+                await modeldeployments.tick(body, patch, memo, deployment_index, first=first)
         except kopf.PermanentError:
             memo.metrics.reconciles.labels("ModelDeployment", handler, "invalid").inc()
             raise
@@ -127,7 +129,9 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
     @kopf.on.resume(*cj, id="sandbox", registry=registry)
     @kopf.on.create(*cj, id="sandbox", registry=registry)
     async def compilejob_create(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
-        await compilejobs.create(body, patch, memo)
+        key = ("CompileJob", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
+        async with memo.fresh.lock(key):
+            await compilejobs.create(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "create", "ok").inc()
 
     def _active(status: kopf.Status, **_: Any) -> bool:
@@ -142,7 +146,9 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def compilejob_progress(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
-        await compilejobs.progress(body, patch, memo)
+        key = ("CompileJob", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
+        async with memo.fresh.lock(key):
+            await compilejobs.progress(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "progress", "ok").inc()
 
     @kopf.on.startup(id="fleet", registry=registry)
