@@ -42,6 +42,7 @@ COMMANDS: dict[str, Command | tuple[str, dict[str, Command]]] = {
         },
     ),
     "compile": ("polymorph.compile.cli", "run a compile campaign locally (the demo)"),
+    "operator": ("polymorph.handlers.process", "run the Kubernetes operator (kopf)"),
 }
 
 
