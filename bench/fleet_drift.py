@@ -5,7 +5,7 @@ Sets up, all on loopback: the Kubernetes emulator (``python -m support.k8s_emula
 process, with the CRDs), the real Prometheus (Debian's 2.42) scraping one metrics endpoint
 that exposes the engine's metric families (``polymorph_prompt_tokens``,
 ``polymorph_generation_tokens``, ``polymorph_requests_in_flight``) for every deployment, and
-the real operator process (``python -m polymorph.handlers.process``). Each deployment has an
+the real operator process (``polymorph operator``). Each deployment has an
 active build tuned for a short-prompt profile; ``--drifted`` of them receive long prompts
 (drift 1) and open a CompileJob, the others serve the profile they were tuned for (drift 0).
 
@@ -185,7 +185,7 @@ def main() -> None:
         created_s = time.perf_counter() - t0
         metrics_port, health_port = free_port(), free_port()
         command = [
-            sys.executable, "-m", "polymorph.handlers.process", "--namespace", NS,
+            sys.executable, "-m", "polymorph.cli", "operator", "--namespace", NS,
             "--prometheus-url", prometheus.url, "--store", str(work / "store"), "--standalone",
             "--metrics-port", str(metrics_port), "--health-port", str(health_port),
             "--drift-interval", args.drift_interval, "--rollout-interval", "30",

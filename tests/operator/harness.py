@@ -2,7 +2,7 @@
 and a stand-in for the controllers that do not run here.
 
 - ``Api``: plain HTTP on the emulator (the wire protocol, nothing in between).
-- ``OperatorProcess``: ``python -m polymorph.handlers.process`` with short intervals; ``kill()``
+- ``OperatorProcess``: ``polymorph operator`` (``python -m polymorph.cli operator``) with short intervals; ``kill()``
   sends SIGKILL, ``start()`` starts it again; its JSON log lines are kept in a file.
 - ``FakeEngine``: an HTTP /metrics endpoint rendered by the engine's own ``ServerMetrics``,
   fed with requests of the shape and speed the test chooses, scraped by the real Prometheus.
@@ -101,7 +101,7 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, prometheus_url: str, store: Path, log: Path, **flags: str) -> None:
         self.metrics_port, self.health_port = free_port(), free_port()
         self.args = [
-            sys.executable, "-m", "polymorph.handlers.process",
+            sys.executable, "-m", "polymorph.cli", "operator",
             "--namespace", NS,
             "--prometheus-url", prometheus_url,
             "--store", str(store),

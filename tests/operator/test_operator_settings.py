@@ -77,7 +77,7 @@ def test_bad_values_are_one_sentence(argv: list[str], message: str) -> None:
 
 
 def test_the_process_reports_bad_flags_without_a_traceback() -> None:
-    done = subprocess.run([sys.executable, "-m", "polymorph.handlers.process", "--namespace", "a"],
+    done = subprocess.run([sys.executable, "-m", "polymorph.cli", "operator", "--namespace", "a"],
                           capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --prometheus-url must be an http(s):// URL of Prometheus; got None"
