@@ -113,6 +113,7 @@ VARIANTS = [
     {**FUSED, "capture_buckets": "max"},
     {**FUSED, "kernels": "triton"},
     {**FUSED, "kernels": "triton", "capture_buckets": "max", "attention": "sdpa"},
+    {**FUSED, "kernels": "triton", "residual": "norm"},
 ]
 
 
@@ -123,9 +124,10 @@ def test_fused_step_agrees_with_the_defaults(shape: str, knobs: dict[str, Any]) 
     _assert_agrees(run_scenario(model, knobs, seed=3), run_scenario(model, {}, seed=3))
 
 
-def test_fused_triton_gemv_agrees_with_the_defaults() -> None:
+@pytest.mark.parametrize("residual", ["projection", "norm"])
+def test_fused_triton_gemv_agrees_with_the_defaults(residual: str) -> None:
     model = load_model("qwen2-tiny", seed=6)  # biases and a tied head: every gemv option
-    knobs = {**FUSED, "kernels": "triton", "gemv": "triton"}
+    knobs = {**FUSED, "kernels": "triton", "gemv": "triton", "residual": residual}
     _assert_agrees(run_scenario(model, knobs, seed=4), run_scenario(model, {}, seed=4))
 
 
@@ -196,6 +198,14 @@ def test_projections_match_the_twins(gemv: str, tile: int, rows: int) -> None:
         fast.silu_linear_residual(gu, wd, res), ref.silu_linear_residual(gu, wd, res), **close
     )
     torch.testing.assert_close(fast.head(x, nw, w), ref.head(x, nw, w), **close)
+    # The deferred-residual flow's pieces.
+    torch.testing.assert_close(fast.linear(x, w, bias), ref.linear(x, w, bias), **close)
+    torch.testing.assert_close(fast.silu_linear(gu, wd), ref.silu_linear(gu, wd), **close)
+    torch.testing.assert_close(fast.logits(x, w), ref.logits(x, w), **close)
+    y = _rand(rows, k, seed=8)
+    for got, want in zip(fast.add_norm(x, y, nw), ref.add_norm(x, y, nw), strict=True):
+        torch.testing.assert_close(got, want, **close)
+    torch.testing.assert_close(fast.add_norm(x, None, nw)[1], ref.add_norm(x, None, nw)[1], **close)
 
 
 @needs_triton

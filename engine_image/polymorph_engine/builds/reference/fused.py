@@ -15,7 +15,9 @@ Which implementation runs each operation is the ``kernels`` knob:
   length only, one-launch RMSNorm and SwiGLU, and the projections either through cuBLAS (residual
   adds in its epilogue; ``gemv = "cublas"``) or, for up to ``GEMV_MAX_ROWS`` rows, through the
   Triton GEMV with norm / SwiGLU / residual fused in (``gemv = "triton"``; ``gemv_tile`` weight
-  elements per program and iteration: the bytes each program keeps in flight). Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
+  elements per program and iteration: the bytes each program keeps in flight). ``residual =
+  "norm"`` defers each residual add into the next norm's launch (``add_norm``): the projections
+  then write plain outputs (no addmm copy of the residual, no separate add). Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
   degrades to ``torch``;
 - ``compile``: ``TorchOps`` per layer under ``torch.compile(fullgraph=True, dynamic=False)`` with
   inductor's coordinate-descent tuning (which turns batch-1 matmuls into tuned reductions fused
@@ -145,18 +147,49 @@ class TorchOps:
         """x [B, H] -> float32 logits [B, V]."""
         return (L.rms_norm(x, nw, self.s.eps) @ w.T).float()
 
+    # The deferred-residual flow (``residual = "norm"``): projections return plain outputs, and
+    # each residual add happens in the next norm.
+
+    def add_norm(
+        self, x: torch.Tensor, y: torch.Tensor | None, nw: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y [B, H] -> (x + y, rms_norm(x + y)); y None: (x, rms_norm(x))."""
+        if y is not None:
+            x = x + y
+        return x, L.rms_norm(x, nw, self.s.eps)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [B, K] -> [B, N]."""
+        return F.linear(x, w, bias)
+
+    def silu_linear(self, gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """gu [B, 2I] = [gate | up] -> down(silu(gate) * up) [B, H]."""
+        gate, up = gu.chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w)
+
+    def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Normed h [B, H] -> float32 logits [B, V]."""
+        return (h @ w.T).float()
+
 
 class TritonOps(TorchOps):
     """kernels.py for batch <= GEMV_MAX_ROWS; cuBLAS (the torch twin) above it."""
 
     def __init__(
-        self, shape: Shape, rope: RopeFn, attention: str, gemv: str = "cublas", tile: int = 4096
+        self,
+        shape: Shape,
+        rope: RopeFn,
+        attention: str,
+        gemv: str = "cublas",
+        tile: int = 4096,
+        residual: str = "projection",
     ) -> None:
         super().__init__(shape, rope, attention)
         from . import kernels  # optional extra: triton is imported only when this knob value is chosen
 
         self.k = kernels
         self.gemv, self.tile = gemv, tile
+        self.deferred = residual == "norm"  # the step then uses add_norm / linear / silu_linear / logits
 
     def _fused_gemv(self, x: torch.Tensor) -> bool:
         return self.gemv == "triton" and x.shape[0] <= GEMV_MAX_ROWS
@@ -217,6 +250,29 @@ class TritonOps(TorchOps):
             return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps, tile=self.tile)
         return F.linear(self.k.rms_norm(x, nw, self.s.eps), w).float()
 
+    def add_norm(
+        self, x: torch.Tensor, y: torch.Tensor | None, nw: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if y is None:
+            return x, self.k.rms_norm(x, nw, self.s.eps)
+        return self.k.add_rms_norm(x, y, nw, self.s.eps)  # one launch: the add, then the norm
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self._fused_gemv(x):
+            return self.k.gemv(x, w, x.new_empty(x.shape[0], w.shape[0]), bias=bias, tile=self.tile)
+        return F.linear(x, w, bias)
+
+    def silu_linear(self, gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self._fused_gemv(gu):
+            out = gu.new_empty(gu.shape[0], w.shape[0])
+            return self.k.gemv(gu, w, out, silu_mul=True, tile=self.tile)
+        return F.linear(self.k.silu_mul(gu), w)
+
+    def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self._fused_gemv(h):
+            return self.k.gemv(h, w, h.new_empty(h.shape[0], w.shape[0], dtype=torch.float32), tile=self.tile)
+        return F.linear(h, w).float()
+
 
 @dataclass
 class Graph:
@@ -244,6 +300,7 @@ class FusedDecoder:
         device: torch.device,
         gemv: str = "cublas",
         gemv_tile: int = 4096,
+        residual: str = "projection",
     ) -> None:
         self.shape = Shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
@@ -258,7 +315,7 @@ class FusedDecoder:
             kernels = "torch"  # documented degradation: no triton here
         self.kernels = kernels
         self.ops = (
-            TritonOps(self.shape, rope, attention, gemv, gemv_tile)
+            TritonOps(self.shape, rope, attention, gemv, gemv_tile, residual)
             if kernels == "triton"
             else TorchOps(self.shape, rope, attention)
         )
@@ -286,13 +343,41 @@ class FusedDecoder:
         gu = ops.norm_linear(x, lw.mlp_norm, lw.gate_up_proj, None)  # [B, 2I]
         return ops.silu_linear_residual(gu, lw.down_proj, x)
 
+    def _layer_deferred(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        lw: L.LayerWeights,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_layer`` with the residual adds deferred: (x, y) [B, H] -> (x', y') with the layer's
+        output x' + y'; each add happens inside the next norm's launch."""
+        ops = self.ops
+        assert lw.qkv_proj is not None and lw.gate_up_proj is not None
+        x, h = ops.add_norm(x, y, lw.attn_norm)
+        qkv = ops.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
+        q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
+        attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
+        x, h = ops.add_norm(x, ops.linear(attn, lw.o_proj, lw.o_bias), lw.mlp_norm)
+        gu = ops.linear(h, lw.gate_up_proj, None)  # [B, 2I]
+        return x, ops.silu_linear(gu, lw.down_proj)
+
     def step(self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """slots, tokens [B] on the device -> float32 logits [B, V]; advances ``cache.lengths``
         of the slots (the scratch slot stays at 0)."""
         x = self.embed[tokens]  # [B, H]
-        for i, lw in enumerate(self.layers):
-            x = self._layer_fn(x, lw, cache.k[i], cache.v[i], slots, cache.lengths)
-        logits = self.ops.head(x, self.final_norm, self.lm_head)
+        if getattr(self.ops, "deferred", False):
+            y: torch.Tensor | None = None
+            for i, lw in enumerate(self.layers):
+                x, y = self._layer_deferred(x, y, lw, cache.k[i], cache.v[i], slots, cache.lengths)
+            logits = self.ops.logits(self.ops.add_norm(x, y, self.final_norm)[1], self.lm_head)
+        else:
+            for i, lw in enumerate(self.layers):
+                x = self._layer_fn(x, lw, cache.k[i], cache.v[i], slots, cache.lengths)
+            logits = self.ops.head(x, self.final_norm, self.lm_head)
         cache.lengths.index_add_(0, slots, torch.ones_like(slots))
         cache.lengths.narrow(0, cache.scratch, 1).zero_()  # a kernel: `[i] = 0` would copy from the host
         return logits

@@ -23,7 +23,8 @@ knob value computes the same function faster on some device (see build.toml):
   ``decode_capture``). ``kernels`` (``torch`` | ``triton`` | ``compile``) picks what runs it and
   ``capture_buckets`` (``pow2`` | ``max``) which batch buckets it prepares; both require it.
   ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels, and
-  ``gemv_tile`` (4096 | 8192 | 16384) the Triton GEMV's tile.
+  ``gemv_tile`` (4096 | 8192 | 16384) the Triton GEMV's tile; ``residual`` (``projection`` |
+  ``norm``) where the residual adds happen.
 
 With ``attention = "sdpa"`` on CUDA, prefill and eager decode run under ``sdpa_kernel`` without
 the cuDNN backend: cuDNN builds an execution plan per new shape (every prompt length, every
@@ -110,6 +111,7 @@ class ReferenceHotPath:
                 device=self.device,
                 gemv=str(knobs.get("gemv", "cublas")),
                 gemv_tile=int(knobs.get("gemv_tile", 4096)),
+                residual=str(knobs.get("residual", "projection")),
             )
         self._compiled = (
             torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None

@@ -12,6 +12,8 @@ fresh random inputs (on CPU through ``TRITON_INTERPRET=1`` when triton is instal
   so that the grid holds several programs per multiprocessor.
 - ``rope_store``: RoPE on q and k of every head (optionally the Qwen3 per-head q/k norm first),
   q to a buffer, k and v written into the static cache at (slot, position): one launch.
+- ``rms_norm``, ``add_rms_norm`` (the residual add, then the norm) and ``silu_mul``: one launch
+  each, for the cuBLAS projections.
 - ``decode_attention``: split-KV (flash-decoding) attention of one query per row over the
   positions 0..lengths[slot], read on the device, so a captured graph attends only over the live
   length. Pass one writes per-split partial maxima, sums and outputs; pass two combines them.
@@ -450,3 +452,44 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
         gu, out, inter, gu.stride(0), BLOCK=block, num_warps=4
     )
     return out
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, y_ptr, w_ptr, x_out_ptr, h_ptr, K, stride_x, stride_y, eps, BLOCK_K: tl.constexpr
+):
+    b = tl.program_id(0)
+    ty = x_out_ptr.dtype.element_ty
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + b * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + b * stride_y + offs, mask=mask, other=0.0).to(tl.float32)
+    xn = (x + y).to(ty)  # the residual add, rounded as the reference's bf16 add
+    tl.store(x_out_ptr + b * K + offs, xn, mask=mask)
+    xf = xn.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / K + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + b * K + offs, ((xf * rstd).to(ty).to(tl.float32) * w).to(ty), mask=mask)
+
+
+def add_rms_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, y [B, K] -> (x + y, rms_norm(x + y)) in one launch."""
+    rows, k = x.shape
+    x_out, h = torch.empty_like(x), torch.empty_like(x)
+    block = triton.next_power_of_2(k)
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        y,
+        weight,
+        x_out,
+        h,
+        k,
+        x.stride(0),
+        y.stride(0),
+        eps,
+        BLOCK_K=block,
+        num_warps=max(1, min(16, block // 512)),
+    )
+    return x_out, h
