@@ -60,10 +60,10 @@ RBAC = {
     *((v, "", r) for v in ("get", "create", "patch", "delete") for r in ("services", "configmaps")),
     *((v, "batch", "jobs") for v in ("get", "create", "patch", "delete")),
     ("create", "", "events"),
-    *((v, "apiextensions.k8s.io", "customresourcedefinitions") for v in ("list", "watch")),
-    *((v, "", "namespaces") for v in ("list", "watch")),
 }
-"""What the operator may do (the Helm chart's ClusterRole must grant at least this)."""
+"""What the operator may do in a watched namespace (the chart's Role must grant at least this).
+With --namespace it scans nothing cluster-wide; only --all-namespaces adds list/watch of
+namespaces and CRDs."""
 
 
 def status(api: Api) -> dict[str, Any]:

@@ -42,6 +42,9 @@ def kopf_settings(ctx: Context) -> kopf.OperatorSettings:
     settings.peering.standalone = ctx.config.standalone
     settings.peering.name = ctx.config.peering
     settings.peering.clusterwide = ctx.config.all_namespaces
+    # With explicit namespaces there is nothing to scan: no cluster-wide watch of namespaces or
+    # CRDs, so a namespaced install needs no cluster-scoped read access for them.
+    settings.scanning.disabled = not ctx.config.all_namespaces
     return settings
 
 
