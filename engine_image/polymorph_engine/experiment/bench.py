@@ -6,6 +6,9 @@ matters), the replay loop, timing, and the statistics.
 Protocol, identical for every build so figures compare:
 - ``warmup`` full unmeasured passes, then ``repeats`` measured passes, each with a fresh
   ``Scheduler`` (and so a fresh KV cache) whose batch size is the workload's concurrency.
+  (``benchmark`` is the fixed-count protocol; campaigns use ``experiment.measure``, which warms
+  up to a steady state, adds passes until the confidence interval is narrow enough, and pairs
+  a candidate with its baseline. Both replay passes with ``replay``.)
 - Requests are admitted when the pass clock reaches their arrival offset (all at 0 for
   profile workloads, so at most ``concurrency`` run at once). When nothing runs and the next
   arrival is in the future, the clock skips ahead instead of sleeping: idle time is not
@@ -15,8 +18,10 @@ Protocol, identical for every build so figures compare:
   ITL = gaps between a request's consecutive tokens.
 - outputTokensPerSecond = generated tokens / pass duration; totalTokensPerSecond counts
   prompt tokens too. Both are the median over repeats; ``repeats`` lists the per-pass
-  output tok/s and ``noise`` = (max - min) / median of them. TTFT and ITL percentiles pool
-  every measured pass.
+  output tok/s, ``ciLow``/``ciHigh`` bound their median (``polymorph.stats.median_ci``, 95%)
+  and ``noise`` is that interval's relative half-width (never the range). TTFT and ITL
+  percentiles pool every measured pass; ``ttftP95Repeats``/``itlP95Repeats`` give each pass's
+  own p95, so latency objectives can be paired pass by pass too.
 
 It knows nothing about builds, verification or processes.
 """
@@ -33,11 +38,12 @@ from dataclasses import dataclass, field
 import torch
 
 from polymorph.api import Figures
+from polymorph.stats import median_ci
 from polymorph.workload import Workload
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.scheduler import Request, Scheduler
 
-__all__ = ["PassResult", "benchmark", "figures_of", "make_prompts", "percentile", "replay"]
+__all__ = ["PassResult", "benchmark", "figures_of", "make_prompts", "percentile", "replay", "throughput"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -131,14 +137,22 @@ def benchmark(
     for _ in range(warmup):
         replay(hotpath, workload, prompts, device=device, clock=clock)
     passes = [replay(hotpath, workload, prompts, device=device, clock=clock) for _ in range(repeats)]
-    return figures_of(passes)
+    return figures_of(passes, warmup)
 
 
-def figures_of(passes: Sequence[PassResult]) -> Figures:
-    """Aggregate measured passes into ``Figures``."""
-    output_tps = [p.output_tokens / max(p.duration_s, 1e-9) for p in passes]
+def throughput(result: PassResult) -> float:
+    """Output tokens per second of one pass."""
+    return result.output_tokens / max(result.duration_s, 1e-9)
+
+
+def figures_of(passes: Sequence[PassResult], warmup_passes: int = 0) -> Figures:
+    """Aggregate measured passes into ``Figures`` (``warmup_passes``: how many ran unmeasured before)."""
+    if not passes:
+        raise ValueError("figures_of needs at least one measured pass")
+    output_tps = [throughput(p) for p in passes]
     total_tps = [(p.input_tokens + p.output_tokens) / max(p.duration_s, 1e-9) for p in passes]
     median = statistics.median(output_tps)
+    ci = median_ci(output_tps) if median > 0 else None
     ttft = [t for p in passes for t in p.ttft_s]
     itl = [t for p in passes for t in p.itl_s]
     return Figures(
@@ -148,6 +162,11 @@ def figures_of(passes: Sequence[PassResult]) -> Figures:
         ttftP95Ms=percentile(ttft, 95) * 1e3,
         itlP50Ms=percentile(itl, 50) * 1e3,
         itlP95Ms=percentile(itl, 95) * 1e3,
-        noise=(max(output_tps) - min(output_tps)) / median if median > 0 else 0.0,
+        noise=ci.half_width if ci is not None else 0.0,
         repeats=output_tps,
+        ciLow=ci.lo if ci is not None else 0.0,
+        ciHigh=ci.hi if ci is not None else 0.0,
+        ttftP95Repeats=[percentile(p.ttft_s, 95) * 1e3 for p in passes],
+        itlP95Repeats=[percentile(p.itl_s, 95) * 1e3 for p in passes],
+        warmupPasses=warmup_passes,
     )

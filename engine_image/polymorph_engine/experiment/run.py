@@ -5,6 +5,15 @@ Owns: the experiment protocol and its ``polymorph.api.ExperimentRecord``:
 - verify against the golden outputs (an exception -> ``failed``; a gate missed, NaN/inf
   included -> ``rejected`` with the measured values);
 - benchmark the workload (an exception -> ``failed``); otherwise ``passed`` with figures.
+  The benchmark is ``measure``'s protocol: warm-up to a steady state, then passes until the
+  confidence interval reaches ``BenchSettings.target_half_width`` (default 2% on an
+  accelerator, 4% on a CPU) or a cap. With ``against`` (a baseline build directory) it is a
+  paired, interleaved benchmark: the baseline is held loaded beside the candidate (a
+  ``pairing.BaselineSlot``, kept across experiments so a stream of candidates against one
+  baseline loads it once), both replay the same prompts in ABBA order, and the record's
+  ``comparison`` carries candidate / baseline with its CI and the baseline's figures.
+  Verification runs first and the warm-up passes follow it directly, so an accelerator never
+  idles (and drops its clocks) between the two.
 A ``failed`` record's ``error`` is one line: the exception type and message, plus the
 innermost frame inside the build's own files, so an agent can find the line.
 ``crashed`` and ``timeout`` cannot happen in process; ``supervisor.Supervisor`` records them.
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +37,19 @@ from typing import Any
 import torch
 
 from polymorph.api import ExperimentRecord, Gates
-from polymorph.api.build import Timings
+from polymorph.api.build import PairedComparison, Timings
 from polymorph.workload import Workload, fit_workload
-from polymorph_engine.experiment.bench import benchmark
+from polymorph_engine.experiment.bench import PassResult, figures_of, make_prompts, replay
+from polymorph_engine.experiment.measure import (
+    CPU_TARGET,
+    GPU_TARGET,
+    MeasurePolicy,
+    measure_one,
+    measure_paired,
+)
+from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.verify import Golden, verify
+from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.hotreload import Engine, build_id_of
 from polymorph_engine.runtime.model import LoadedModel
 
@@ -47,11 +66,38 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How each experiment benchmarks: passes measured and discarded, and the prompt seed."""
+    """How each experiment benchmarks (see ``measure``): warm-up, repeats, the CI target and the prompt seed.
 
-    repeats: int = 3
+    ``repeats`` and ``warmup`` are minimums: warm-up continues until two passes agree within
+    ``warmup_tolerance`` (at most ``max_warmup`` passes), and measuring until the CI half-width
+    reaches ``target_half_width`` (None: 2% on an accelerator, 4% on a CPU), at most
+    ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring.
+    ``max_repeats == repeats`` gives a fixed number of passes.
+    """
+
+    repeats: int = 5
     warmup: int = 1
     seed: int = 0
+    target_half_width: float | None = None
+    max_repeats: int = 40
+    time_cap_s: float = 5.0
+    max_warmup: int = 10
+    warmup_tolerance: float = 0.05
+
+    def policy(self, device: torch.device | str) -> MeasurePolicy:
+        """The measurement policy for ``device`` (the default target depends on its type)."""
+        target = self.target_half_width
+        if target is None:
+            target = CPU_TARGET if torch.device(device).type == "cpu" else GPU_TARGET
+        return MeasurePolicy(
+            min_passes=self.repeats,
+            max_passes=max(self.repeats, self.max_repeats),
+            target_half_width=target,
+            time_cap_s=self.time_cap_s,
+            min_warmup=self.warmup,
+            max_warmup=max(self.warmup, self.max_warmup),
+            warmup_tolerance=self.warmup_tolerance,
+        )
 
 
 DEVICE_SCALE: dict[str, dict[str, int]] = {
@@ -106,14 +152,23 @@ def run_experiment(
     knobs: dict[str, Any] | None = None,
     description: str = "",
     settings: BenchSettings = BenchSettings(),
+    against: str | Path | None = None,
+    slot: BaselineSlot | None = None,
 ) -> ExperimentRecord:
-    """Swap ``build_dir`` into ``engine``, verify and benchmark it; never raises for a bad build."""
+    """Swap ``build_dir`` into ``engine``, verify and benchmark it; never raises for a bad build.
+
+    With ``against``, the benchmark is paired with that build, held in ``slot`` (a temporary
+    slot, released on return, when None).
+    """
     build_dir = Path(build_dir).resolve()
     started = time.perf_counter()
     timings = Timings()
     record = ExperimentRecord(
         build="", status="failed", workloadHash=workload.digest, description=description
     )
+    own_slot = slot is None and against is not None
+    if own_slot:
+        slot = BaselineSlot(engine.model)
     try:
         record.build = build_id_of(build_dir)
         loaded = engine.load_build(build_dir, knobs)
@@ -128,25 +183,67 @@ def run_experiment(
         if not record.verification.passed:
             record.status = "rejected"
         else:
+            baseline: tuple[str, HotPath] | None = None
+            if against is not None:
+                assert slot is not None
+                try:
+                    baseline = slot.hotpath(Path(against).resolve())
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"the baseline to pair against ({against}) could not be loaded: {describe_error(exc)}"
+                    ) from exc
             t = time.perf_counter()
-            record.figures = benchmark(
-                loaded.hotpath,
-                workload,
-                settings.repeats,
-                settings.warmup,
-                vocab_size=vocab_size_of(engine.model),
-                device=device,
-                seed=settings.seed,
-            )
+            _benchmark(record, loaded.hotpath, baseline, workload, settings, engine.model)
             timings.benchS = time.perf_counter() - t
             record.status = "passed"
     except Exception as exc:
         record.status = "failed"
         record.error = describe_error(exc, build_dir)
         engine.unload()
+    finally:
+        if own_slot and slot is not None:
+            slot.close()
     timings.totalS = time.perf_counter() - started
     record.timings = timings
     return record
+
+
+def _benchmark(
+    record: ExperimentRecord,
+    hotpath: HotPath,
+    baseline: tuple[str, HotPath] | None,
+    workload: Workload,
+    settings: BenchSettings,
+    model: LoadedModel,
+) -> None:
+    """Measure ``hotpath`` (paired with ``baseline`` when given) and fill the record's figures."""
+    device = model.device
+    prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
+    policy = settings.policy(device)
+
+    def passes_of(path: HotPath) -> Callable[[], PassResult]:
+        return lambda: replay(path, workload, prompts, device=device)
+
+    if baseline is None:
+        one = measure_one(passes_of(hotpath), policy)
+        record.figures = figures_of(one.passes, one.warmup)
+        record.passes, record.halfWidth = len(one.passes), one.estimate.half_width
+        return
+    against, base_path = baseline
+    paired = measure_paired(passes_of(hotpath), passes_of(base_path), policy)
+    est = paired.estimate
+    record.figures = figures_of(paired.candidate, paired.candidate_warmup)
+    record.comparison = PairedComparison(
+        against=against,
+        ratio=est.value,
+        lo=est.lo,
+        hi=est.hi,
+        confidence=est.confidence,
+        pairs=est.n,
+        halfWidth=est.half_width,
+        baseline=figures_of(paired.baseline, paired.baseline_warmup),
+    )
+    record.passes, record.halfWidth = est.n, est.half_width
 
 
 class InProcessRunner:
@@ -165,8 +262,9 @@ class InProcessRunner:
         self.gates = gates
         self.golden = golden
         self.settings = settings
+        self.slot = BaselineSlot(engine.model)
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
         return run_experiment(
             self.engine,
             build_dir,
@@ -175,4 +273,11 @@ class InProcessRunner:
             self.golden,
             description=description,
             settings=self.settings,
+            against=against,
+            slot=self.slot,
         )
+
+    def close(self) -> None:
+        """Release the baseline held for pairing and the engine's current build."""
+        self.slot.close()
+        self.engine.unload()

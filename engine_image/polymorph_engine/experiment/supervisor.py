@@ -4,6 +4,9 @@
 ``polymorph.compile.runner.Runner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
 the weights once, computes the golden outputs from the reference build, and then runs one
 experiment per request over a pipe (``experiment.run_experiment`` in a hot ``Engine``).
+``run(build_dir, against=baseline_dir)`` pairs the experiment with a baseline: the worker keeps
+that baseline loaded beside the engine's current build (a ``pairing.BaselineSlot``) across
+experiments, so pairing many candidates against one baseline loads it once.
 
 Outcomes the parent records itself, since the child cannot:
 - the child dies during an experiment (``os._exit``, a segfault, an OOM kill) -> ``crashed``,
@@ -41,6 +44,7 @@ from polymorph.api.build import Timings
 from polymorph.builds import read_build
 from polymorph.errors import UsageError
 from polymorph.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
+from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.run import BenchSettings, fit_for_device, run_experiment, vocab_size_of
 from polymorph_engine.experiment.verify import default_prompts, golden
 from polymorph_engine.runtime.checkpoint import load_model
@@ -96,7 +100,7 @@ class _WorkerConfig:
 
 
 def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
-    """The child: load once, then answer ("run", dir, description) messages until ("stop",)."""
+    """The child: load once, then answer ("run", dir, description, against) messages until ("stop",)."""
     os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
     try:
         started = time.perf_counter()
@@ -112,6 +116,7 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
         prompts = default_prompts(vocab_size_of(model), config.verify_prompts)
         reference = golden(model, prompts, config.verify_steps)
         engine = Engine(model)
+        slot = BaselineSlot(model)
         gates = Gates.model_validate(config.gates)
         conn.send(("ready", time.perf_counter() - started))
     except UsageError as exc:  # a bad model source, device or dtype: already one sentence
@@ -126,11 +131,20 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
         except (EOFError, OSError):
             return  # the parent went away
         if message[0] != "run":
+            slot.close()
             engine.close()
             return
-        _, build_dir, description = message
+        _, build_dir, description, against = message
         record = run_experiment(
-            engine, build_dir, workload, gates, reference, description=description, settings=config.settings
+            engine,
+            build_dir,
+            workload,
+            gates,
+            reference,
+            description=description,
+            settings=config.settings,
+            against=against,
+            slot=slot,
         )
         conn.send(("record", record.model_dump_json()))
 
@@ -293,17 +307,19 @@ class Supervisor:
 
     # -- experiments -------------------------------------------------------------------------
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
-        """Run ``build_dir`` in the hot worker; crashes and hangs become records, never exceptions.
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+        """Run ``build_dir`` in the hot worker (paired with ``against`` when given); crashes and hangs
+        become records, never exceptions.
 
         Raises ``WorkerStartError`` only if a (re)start cannot load the model at all.
         """
         build_dir = Path(build_dir).resolve()
+        against_dir = None if against is None else str(Path(against).resolve())
         self.start()
         assert self._conn is not None
         started = time.perf_counter()
         try:
-            self._conn.send(("run", str(build_dir), description))
+            self._conn.send(("run", str(build_dir), description, against_dir))
             message = self._receive(started + self.experiment_timeout)
         except (BrokenPipeError, OSError):
             message = None

@@ -21,7 +21,16 @@ def _now() -> datetime:
 
 
 class Figures(StrictModel):
-    """Benchmark figures for one build on one workload; ``noise`` is the relative spread of the objective."""
+    """Benchmark figures for one build on one workload, from its measured passes.
+
+    Every pass replays the same workload with the same prompts after warm-up to a steady state
+    (``polymorph_engine.experiment.measure``). Throughputs are the median over passes; the
+    latency percentiles pool every measured pass. ``noise`` is no longer a range: it is the
+    relative half-width of the 95% distribution-free confidence interval of the median output
+    tok/s (``polymorph.stats.median_ci``: ``(ciHigh - ciLow) / 2 / outputTokensPerSecond``). It
+    describes one build's own repeatability; whether a build beats another is decided only by a
+    paired comparison (``ExperimentRecord.comparison``), never by comparing two ``noise`` values.
+    """
 
     outputTokensPerSecond: float
     totalTokensPerSecond: float
@@ -29,8 +38,49 @@ class Figures(StrictModel):
     ttftP95Ms: float
     itlP50Ms: float
     itlP95Ms: float
-    noise: float = Field(ge=0, description="(max - min) / median of outputTokensPerSecond over repeats")
-    repeats: list[float] = Field(default_factory=list, description="outputTokensPerSecond of each repeat")
+    noise: float = Field(
+        ge=0,
+        description="relative half-width of the 95% CI of the median outputTokensPerSecond (order statistics)",
+    )
+    repeats: list[float] = Field(
+        default_factory=list, description="outputTokensPerSecond of each measured pass"
+    )
+    ciLow: float = Field(
+        default=0.0, description="lower end of the 95% CI of the median outputTokensPerSecond"
+    )
+    ciHigh: float = Field(
+        default=0.0, description="upper end of the 95% CI of the median outputTokensPerSecond"
+    )
+    ttftP95Repeats: list[float] = Field(
+        default_factory=list, description="TTFT p95 (ms) of each measured pass"
+    )
+    itlP95Repeats: list[float] = Field(default_factory=list, description="ITL p95 (ms) of each measured pass")
+    warmupPasses: int = Field(
+        default=0, ge=0, description="unmeasured passes run until two agreed (steady state)"
+    )
+
+
+class PairedComparison(StrictModel):
+    """This experiment's build measured against another build, interleaved in one engine.
+
+    Both builds were loaded side by side over the same weights and replayed the same prompts in
+    ABBA order (candidate, baseline, baseline, candidate, ...); pair ``i`` is the candidate's
+    ``i``-th pass with the baseline's ``i``-th pass, so drift common to both cancels. ``ratio``,
+    ``lo`` and ``hi`` are candidate / baseline output tok/s with its ``confidence`` interval
+    (``polymorph.stats.paired_ratio``: 20%-trimmed mean of log ratios, Yuen interval); passes
+    were added until ``halfWidth`` reached the target or a cap. ``baseline`` holds the
+    baseline's figures from the same passes (so any objective can be re-paired from the lists).
+    """
+
+    against: str = Field(description="the build id of the baseline this build was paired against")
+    ratio: float
+    lo: float
+    hi: float
+    confidence: float = 0.95
+    pairs: int = Field(ge=1)
+    halfWidth: float = Field(ge=0, description="relative half-width of the ratio's confidence interval")
+    order: Literal["ABBA"] = "ABBA"
+    baseline: Figures
 
 
 class Verification(StrictModel):
@@ -61,7 +111,11 @@ class Timings(StrictModel):
 
 
 class ExperimentRecord(StrictModel):
-    """One experiment: a build run through verification and benchmark in a hot engine."""
+    """One experiment: a build run through verification and benchmark in a hot engine.
+
+    With ``comparison`` it was benchmarked paired against another build in the same engine;
+    only such a record can show that a build is faster (``polymorph.compile.selection``).
+    """
 
     build: str
     status: ExperimentStatus
@@ -72,6 +126,12 @@ class ExperimentRecord(StrictModel):
     knobs: dict[str, Any] = Field(default_factory=dict)
     verification: Verification | None = None
     figures: Figures | None = None
+    comparison: PairedComparison | None = None
+    """Set when the build was measured paired against another build (``against`` in the runner)."""
+    passes: int = 0
+    """Measured passes of this build (pairs when paired), after warm-up."""
+    halfWidth: float | None = None
+    """Relative CI half-width the passes reached: of the paired ratio when paired, else of the median."""
     error: str | None = None
     timings: Timings = Field(default_factory=Timings)
     sandbox: int = 0

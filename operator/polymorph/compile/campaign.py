@@ -2,7 +2,7 @@
 
 The functional core (``objective_value``, ``violations``, ``compare``, ``select_result``,
 ``counts``, ``budget_share``) lives in ``polymorph.compile.selection``, which also states the
-noise-aware winning rule. ``Campaign`` is the shell: it runs the baseline, hands the agent a
+paired winning rule. ``Campaign`` is the shell: it runs the baseline, hands the agent a
 ``CampaignContext``, appends every experiment to the ledger, keeps the progress document
 current, stores each eligible candidate build with its manifest, confirms the winner and
 finally writes ``result.json``.
@@ -12,11 +12,19 @@ Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbo
 (each run adds its elapsed time to the progress document), so a campaign resumed after a
 kill neither restarts its clock nor loses the time it already spent. An experiment whose
 ``(build id, workload hash)`` is already in the ledger is never run again: its recorded
-result is returned, which lets a deterministic agent replay its path for free. The budget is
+result is returned, which lets a deterministic agent replay its path for free.
+
+Pairing. Every candidate is benchmarked paired with a baseline in the same engine
+(``Runner.run(build, against=...)``): by default the base build, or the build an agent names
+(``run_experiment(dir, against=record)``: the search pairs a combination with its current
+best). An experiment is identified by ``(build id, workload hash, the build it was paired
+against)``: the same build paired against another baseline is a new experiment. The base
+build itself runs alone first. The budget is
 checked before an experiment starts; one that is running may finish past the deadline
 (the runner's experiment timeout bounds it).
 
-Confirmation: ``confirmation.confirm`` re-measures the winner before it is declared.
+Confirmation: ``confirmation.confirm`` re-measures the winner, paired with the baseline, before
+it is declared.
 
 Every eligible candidate build is stored with its manifest (parent, knobs, the workload it
 was tuned for, figures) when its experiment is recorded, so any sandbox can fetch a winner.
@@ -61,6 +69,7 @@ from polymorph.compile.selection import (
     counts,
     eligible,
     objective_value,
+    score,
     select_result,
     summary,
 )
@@ -170,11 +179,23 @@ class Campaign:
     # --- experiments ------------------------------------------------------------------------
 
     def run_experiment(
-        self, build_dir: Path, *, description: str = "", usage: TokenUsage | None = None
+        self,
+        build_dir: Path,
+        *,
+        description: str = "",
+        usage: TokenUsage | None = None,
+        against: ExperimentRecord | None = None,
     ) -> ExperimentRecord:
+        """Run ``build_dir`` paired with ``against``'s build (default: the base build), or return
+        the ledger's record of that same pairing."""
         bid = build_id(build_dir)
         self._dirs.setdefault(bid, build_dir)
-        recorded = self.ledger.find(bid, self.workload_hash)
+        against_id: str | None = None
+        against_dir: Path | None = None
+        if bid != self.base_id:
+            against_id = against.build if against is not None else self.base_id
+            against_dir = self._dir_of(against_id)
+        recorded = self._recorded(bid, against_id)
         if recorded is not None:
             self._cached += 1
             if self.on_record is not None:
@@ -182,7 +203,7 @@ class Campaign:
             return recorded
         self.ensure_budget()
         started = datetime.now(UTC)
-        record = self.runner.run(build_dir, description=description)
+        record = self.runner.run(build_dir, description=description, against=against_dir)
         knobs = record.knobs or self._knobs_of(build_dir)
         record = record.model_copy(
             update={
@@ -205,6 +226,23 @@ class Campaign:
         if self.on_record is not None:
             self.on_record(record, False, self.progress())
         return record
+
+    def _recorded(self, build: str, against: str | None) -> ExperimentRecord | None:
+        """The ledger's record of ``build`` on this workload, paired with ``against`` (None: alone)."""
+        for r in self.ledger.records:
+            paired_with = r.comparison.against if r.comparison is not None else None
+            if r.build == build and r.workloadHash == self.workload_hash and paired_with == against:
+                return r
+        return None
+
+    def _dir_of(self, build: str) -> Path:
+        """A directory holding ``build`` (the base, one this campaign ran, or fetched from the store)."""
+        if build == self.base_id:
+            return self.settings.base_dir
+        if build not in self._dirs:
+            dest = self._tmp / "fetched" / build.replace(":", "-")
+            self._dirs[build] = self.store.get_build(build, dest)
+        return self._dirs[build]
 
     def _knobs_of(self, build_dir: Path) -> dict[str, KnobValue]:
         try:
@@ -249,34 +287,52 @@ class Campaign:
         return eligible(record, self.settings.objective)
 
     def compare(self, record: ExperimentRecord, against: ExperimentRecord | None = None) -> Comparison | None:
+        """``record`` against ``against`` (default: the baseline) by the paired rule, at a factor of 1."""
         other = against if against is not None else self._baseline
         if other is None or not self.eligible(record) or not self.eligible(other):
             return None
-        assert record.figures is not None and other.figures is not None
-        return compare(record.figures, other.figures, self.settings.objective)
+        return compare(record, other, self.settings.objective)
+
+    def speedup(self, record: ExperimentRecord, _depth: int = 0) -> float | None:
+        """``record``'s point speedup over the baseline (> 1 is better), chained through the build it
+        was paired against when that was not the baseline; None when it cannot be compared."""
+        base = self._baseline
+        if base is None or not self.eligible(record) or record.figures is None or base.figures is None:
+            return None
+        if record.build == base.build:
+            return 1.0
+        objective = self.settings.objective
+        comparison = record.comparison
+        other = comparison.baseline if comparison is not None else base.figures
+        value, reference = objective_value(record.figures, objective), objective_value(other, objective)
+        if value <= 0 or reference <= 0:
+            return None
+        ratio = value / reference if objective.maximize else reference / value
+        if comparison is None or comparison.against == base.build:
+            return ratio
+        if _depth >= 8:  # a chain this long (or a cycle) says nothing reliable
+            return None
+        via = [r for r in self.ledger.records if r.build == comparison.against and r is not record]
+        via.sort(key=lambda r: r.comparison is not None and r.comparison.against != base.build)
+        chained = self.speedup(via[0], _depth + 1) if via else None
+        return ratio * chained if chained is not None else None
 
     def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
-        sign = -1.0 if self.settings.objective.maximize else 1.0
-        scored = [
-            (sign * objective_value(r.figures, self.settings.objective), i, r)
-            for i, r in enumerate(self.ledger.records)
-            if r.figures is not None and self.eligible(r)
-        ]
-        scored.sort(key=lambda s: (s[0], s[1]))
-        return [r for _, _, r in scored[:limit]]
+        """Eligible records by speedup over the baseline, best first (a build appears once)."""
+        scored: dict[str, tuple[float, int, ExperimentRecord]] = {}
+        for i, r in enumerate(self.ledger.records):
+            s = self.speedup(r)
+            if s is not None and (r.build not in scored or s > scored[r.build][0]):
+                scored[r.build] = (s, i, r)
+        ordered = sorted(scored.values(), key=lambda s: (-s[0], s[1]))
+        return [r for _, _, r in ordered[:limit]]
 
     def best(self) -> ExperimentRecord:
         board = self.leaderboard(1)
         return board[0] if board else self.baseline
 
     def best_dir(self) -> Path:
-        best = self.best()
-        if best.build == self.base_id:
-            return self.settings.base_dir
-        if best.build not in self._dirs:
-            dest = self._tmp / "fetched" / best.build.replace(":", "-")
-            self._dirs[best.build] = self.store.get_build(best.build, dest)
-        return self._dirs[best.build]
+        return self._dir_of(self.best().build)
 
     @property
     def sandbox(self) -> int:
@@ -324,13 +380,17 @@ class Campaign:
         best: ProgressBest | None = None
         top = self.best() if base is not None else None
         if top is not None and base is not None and top.figures is not None and base.figures is not None:
-            cmp = compare(top.figures, base.figures, objective, self.settings.gates.minSpeedup)
-            best = ProgressBest(
-                **dict(summary(top, objective)),
-                speedup=cmp.speedup,
-                speedupNoise=cmp.noise,
-                significant=cmp.significant,
-            )
+            scored = score(top, base, objective, self.settings.gates.minSpeedup) if top is not base else None
+            if scored is not None:
+                est = scored.estimate
+                best = ProgressBest(
+                    **dict(summary(top, objective)),
+                    speedup=est.value,
+                    speedupNoise=est.half_width,
+                    significant=scored.wins,
+                    speedupCi=[est.lo, est.hi],
+                    pairs=est.n if scored.paired else 0,
+                )
         return Progress(
             sandbox=self.settings.sandbox,
             sandboxes=self.settings.budget.sandboxes,
@@ -414,8 +474,14 @@ class Campaign:
             best = result.best
             assert best is not None
             self._log(f"confirming {best.build}: re-measuring it next to the baseline")
-            winner_dir = self._dirs.get(best.build) or self.store.get_build(best.build, self._tmp / "fetched")
-            result = confirm(result, self.runner, self.settings.base_dir, winner_dir, self.settings.objective)
+            result = confirm(
+                result,
+                self.runner,
+                self.settings.base_dir,
+                self._dir_of(best.build),
+                self.settings.objective,
+                base_id=self.base_id,
+            )
         best_uri = None
         if result.best is not None:
             best_uri = _build_uri(self.store, result.best.build)

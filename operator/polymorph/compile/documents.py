@@ -60,29 +60,51 @@ class Counts(_Document):
 
 
 class Standing(_Document):
-    """One eligible experiment as documents show it: its build, objective value, noise and figures."""
+    """One eligible experiment as documents show it: its build, objective value, noise and figures.
+
+    ``value`` is the median objective value over the build's measured passes, ``valueCi`` its 95%
+    distribution-free interval and ``noise`` that interval's relative half-width (never a range);
+    ``passes`` counts the measured passes behind them.
+    """
 
     build: str
     value: float
     noise: float
     sandbox: int
     figures: Figures
+    valueCi: list[float] | None = None
+    passes: int = 0
 
 
 class ProgressBest(Standing):
-    """The best build so far in a sandbox, compared with that sandbox's baseline."""
+    """The best build so far in a sandbox, compared with that sandbox's baseline.
+
+    ``speedup`` is the paired candidate / baseline ratio (oriented so that > 1 is better),
+    ``speedupCi`` its 95% interval, ``speedupNoise`` the interval's relative half-width and
+    ``pairs`` the interleaved pairs behind it (0: not paired with the baseline, so the speedup
+    is a ratio of medians and never significant). ``significant``: the interval's lower end
+    clears ``minSpeedup`` (``polymorph.stats.verdict`` is ``better``).
+    """
 
     speedup: float
     speedupNoise: float
     significant: bool
+    speedupCi: list[float] | None = None
+    pairs: int = 0
 
 
 class ResultBest(Standing):
-    """The campaign's winner (or closest miss), compared with its sandbox's baseline."""
+    """The campaign's winner (or closest miss), compared with its sandbox's baseline.
+
+    ``speedup``, ``speedupCi``, ``speedupNoise`` and ``pairs`` are as in ``ProgressBest``: from the
+    interleaved comparison with the baseline in one engine.
+    """
 
     speedup: float
     speedupNoise: float
     knobs: dict[str, str | bool | int | float]
+    speedupCi: list[float] | None = None
+    pairs: int = 0
     uri: str | None = None
     """Where the store keeps the build (set for ``best`` once it is stored)."""
 
@@ -118,7 +140,13 @@ class Progress(_Document):
 
 
 class Confirmation(_Document):
-    """The winner re-measured next to the baseline, back to back, before it is declared."""
+    """The winner re-measured paired with the baseline (interleaved in one engine) before it is declared.
+
+    ``speedup`` is the new paired ratio, ``speedupCi`` its 95% interval, ``speedupNoise`` the
+    interval's relative half-width and ``pairs`` the pairs behind it; ``confirmed`` means the
+    interval's lower end clears ``minSpeedup`` again. ``baselineStatus`` and ``bestStatus`` are the
+    statuses of the runs behind the two sides (one paired run: the same run).
+    """
 
     confirmed: bool
     baselineStatus: ExperimentStatus
@@ -127,6 +155,8 @@ class Confirmation(_Document):
     value: float | None = None
     speedup: float | None = None
     speedupNoise: float | None = None
+    speedupCi: list[float] | None = None
+    pairs: int = 0
 
 
 class CampaignResult(_Document):

@@ -6,6 +6,11 @@ only the final object). ``final_json`` and ``render_report`` turn a ``CampaignOu
 the supervisor's stats into the final JSON object or the human report. ``overhead`` computes
 the cold-start versus hot-swap comparison.
 
+Every figure is shown with its uncertainty: a value as ``value ±CI (n passes)`` (the relative
+half-width of the median's 95% interval), a speedup as the paired ratio with its 95% interval
+and the pairs behind it. In ``--json``, ``baseline.ci`` is the baseline value's interval and
+``best.ci`` the speedup's (``[lo, hi]``); ``noise`` fields are relative half-widths.
+
 It knows nothing about how campaigns run; it only formats what they return.
 """
 
@@ -84,7 +89,13 @@ def final_json(
         "stopMessage": outcome.message,
         "objective": result.objective.metric,
         "campaign": {"prefix": paths.prefix, "store": store.uri, "result": store.uri_for(paths.result)},
-        "baseline": {"build": baseline.build, "value": baseline.value, "noise": baseline.noise}
+        "baseline": {
+            "build": baseline.build,
+            "value": baseline.value,
+            "noise": baseline.noise,
+            "ci": baseline.valueCi,
+            "passes": baseline.passes,
+        }
         if baseline
         else None,
         "best": (
@@ -93,9 +104,13 @@ def final_json(
                 "value": best.value,
                 "speedup": best.speedup,
                 "noise": best.speedupNoise,
+                "ci": best.speedupCi,
+                "pairs": best.pairs,
                 "uri": best.uri,
                 "knobs": best.knobs,
                 "confirmedSpeedup": confirmed,
+                "confirmedCi": result.confirmation.speedupCi if result.confirmation is not None else None,
+                "confirmedPairs": result.confirmation.pairs if result.confirmation is not None else 0,
             }
             if best
             else None
@@ -106,6 +121,8 @@ def final_json(
                 "value": cand.value,
                 "speedup": cand.speedup,
                 "speedupNoise": cand.speedupNoise,
+                "ci": cand.speedupCi,
+                "pairs": cand.pairs,
             }
             if cand
             else None
@@ -139,19 +156,20 @@ def render_report(
         file=out,
     )
     if doc["baseline"]:
-        print(
-            f"baseline   {doc['baseline']['value']:.1f} {metric} ±{doc['baseline']['noise'] * 100:.1f}%",
-            file=out,
-        )
+        b = doc["baseline"]
+        print(f"baseline   {_value(b['value'], b['noise'], b['passes'])} {metric}", file=out)
     best = doc["best"]
     if best:
         print(
-            f"best       {best['value']:.1f} {metric}: {best['speedup']:.2f}x ±{best['noise'] * 100:.1f}% (noise)",
+            f"best       {best['value']:.1f} {metric}: {_ratio(best['speedup'], best['ci'], best['pairs'])}"
+            " paired with the baseline",
             file=out,
         )
         if best["confirmedSpeedup"] is not None:
             print(
-                f"confirmed  {best['confirmedSpeedup']:.2f}x when re-measured next to the baseline", file=out
+                f"confirmed  {_ratio(best['confirmedSpeedup'], best['confirmedCi'], best['confirmedPairs'])}"
+                f" when re-measured paired with the baseline (gate {result_gate(outcome)})",
+                file=out,
             )
         print(f"build      {best['build']}", file=out)
         print(f"stored     {best['uri']}", file=out)
@@ -170,6 +188,22 @@ def render_report(
     )
 
 
+def _value(value: float, noise: float, passes: int) -> str:
+    """``2899.1 ±1.2% (9 passes)``."""
+    return f"{value:.1f} ±{noise * 100:.1f}% ({passes} passes)"
+
+
+def _ratio(speedup: float, ci: list[float] | None, pairs: int) -> str:
+    """``1.43x [1.40, 1.46] (9 pairs)``."""
+    interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    return f"{speedup:.2f}x{interval} ({pairs} pairs)" if pairs else f"{speedup:.2f}x{interval} (unpaired)"
+
+
+def result_gate(outcome: CampaignOutcome) -> str:
+    """The minSpeedup gate, as ``1.05x``."""
+    return f"{outcome.result.minSpeedup:g}x"
+
+
 class Display:
     """Live campaign progress: rich on a terminal, plain lines otherwise."""
 
@@ -184,7 +218,7 @@ class Display:
         self._live: Live | None = None
         self._progress: Bar | None = None
         self._task: TaskID | None = None
-        self._board: dict[str, tuple[float, str, str]] = {}
+        self._board: dict[str, tuple[float, str, str, str]] = {}
         self._baseline: float | None = None
 
     def __enter__(self) -> Display:
@@ -224,13 +258,31 @@ class Display:
         if progress.baseline is not None:
             self._baseline = progress.baseline.value
         ratio: float | None = None
-        if value is not None and self._baseline:
+        paired = record.comparison
+        if paired is not None and record.figures is not None:
+            other = objective_value(paired.baseline, self.objective)
+            if value and other:
+                ratio = value / other if self.objective.maximize else other / value
+        elif value is not None and self._baseline:
             ratio = value / self._baseline if self.objective.maximize else self._baseline / value
-        if ratio is not None and record.status == "passed":
-            self._board[record.build] = (ratio, _short(record.build), record.description[:48])
-        speed = f"{ratio:.2f}x" if ratio is not None else ""
-        noise = f"±{record.figures.noise * 100:.0f}%" if record.figures is not None else ""
-        figure = f"{value:.1f} {noise}" if value is not None else (record.error or "")[:60]
+        shown = (
+            _value(value, record.figures.noise, record.passes or len(record.figures.repeats))
+            if value is not None and record.figures is not None
+            else ""
+        )
+        base_build = progress.baseline.build if progress.baseline is not None else None
+        if (
+            ratio is not None
+            and record.status == "passed"
+            and paired is not None
+            and paired.against == base_build
+        ):
+            # The board ranks speedups over the baseline; a pairing with an intermediate best is a step.
+            self._board[record.build] = (ratio, shown, _short(record.build), record.description[:48])
+        speed = ""
+        if ratio is not None and paired is not None:
+            speed = f"{ratio:.2f}x [{paired.lo:.2f}, {paired.hi:.2f}] vs {_short(paired.against)}"
+        figure = shown if value is not None else (record.error or "")[:60]
         line = f"[{self.count:>3}/{self.total}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
         if cached:
             line += " (from ledger)"
@@ -244,8 +296,10 @@ class Display:
 
     def _render(self) -> Group:
         table = Table(title="leaderboard", expand=False)
-        for col in ("#", "speedup", "build", "change"):
+        for col in ("#", "value ±CI (n passes)", "paired ratio", "build", "change"):
             table.add_column(col)
-        for i, (ratio, build, desc) in enumerate(sorted(self._board.values(), key=lambda x: -x[0])[:5], 1):
-            table.add_row(str(i), f"{ratio:.2f}x", build, desc)
+        for i, (ratio, shown, build, desc) in enumerate(
+            sorted(self._board.values(), key=lambda x: -x[0])[:5], 1
+        ):
+            table.add_row(str(i), shown, f"{ratio:.2f}x", build, desc)
         return Group(*([self._progress] if self._progress is not None else []), table)

@@ -6,8 +6,11 @@ benchmark and returns its ``ExperimentRecord``". It is implemented by the engine
 ``RemoteRunner`` here, which drives a sandbox engine's admin API over loopback HTTP (server side:
 ``polymorph_engine.sandbox.admin``).
 
-``RemoteRunner.run(build_dir)`` archives the directory with ``polymorph.store.archive_build`` and
-POSTs it. Like the Supervisor it never raises for a bad experiment: an unreachable or failing
+``run(build_dir, against=baseline_dir)`` asks for a paired, interleaved benchmark against that
+baseline build in the same engine (the record's ``comparison``); without ``against`` the build is
+measured alone. ``RemoteRunner.run(build_dir)`` archives the directory with
+``polymorph.store.archive_build`` and POSTs it, with the baseline's archive as ``against`` when
+pairing. Like the Supervisor it never raises for a bad experiment: an unreachable or failing
 engine becomes a ``crashed`` record and a timeout a ``timeout`` record.
 
 It knows nothing about agents, models or torch: it moves archives and records.
@@ -34,9 +37,14 @@ JsonValue = dict[str, object] | list[object] | str | int | float | bool | None
 
 
 class Runner(Protocol):
-    """Runs one build through verification and benchmark; never raises for a bad build."""
+    """Runs one build through verification and benchmark; never raises for a bad build.
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord: ...
+    With ``against``, the benchmark is paired with that build (loaded beside it, ABBA passes).
+    """
+
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None
+    ) -> ExperimentRecord: ...
 
 
 class RemoteRunner:
@@ -85,7 +93,7 @@ class RemoteRunner:
             raise RuntimeError(f"the sandbox engine refused build {build_dir}: {_message(doc, status)}")
         return str(doc["build"])
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
         build_dir = Path(build_dir)
         started = time.monotonic()
         ident = build_id(build_dir)
@@ -94,6 +102,9 @@ class RemoteRunner:
             "id": ident,
             "description": description,
         }
+        if against is not None:
+            body["against"] = base64.b64encode(archive_build(Path(against))).decode()
+            body["againstId"] = build_id(Path(against))
         try:
             status, doc = self._request("POST", "/admin/experiments", body, self.timeout)
         except (TimeoutError, urllib.error.URLError) as exc:

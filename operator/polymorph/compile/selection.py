@@ -1,20 +1,23 @@
 """Choosing a campaign's result: pure functions over experiment records and figures.
 
-``objective_value``, ``violations``, ``compare``, ``eligible``, ``counts``, ``budget_share``,
-``summary`` and ``select_result`` take plain records (``ExperimentRecord``, ``Figures``,
-``Objective``, ``Gates``) and return plain values or the documents of ``documents``.
+``objective_value``, ``pass_values``, ``value_ci``, ``estimate``, ``compare``, ``eligible``,
+``counts``, ``budget_share``, ``summary`` and ``select_result`` take plain records
+(``ExperimentRecord``, ``Figures``, ``Objective``, ``Gates``) and return plain values or the
+documents of ``documents``.
 
-The winning rule, noise-aware. Let ``v`` and ``b`` be the candidate's and the baseline's
-objective values and ``nv``, ``nb`` their relative noise (``Figures.noise``: (max - min) /
-median over benchmark repeats). A candidate wins when, for maximised metrics (tok/s),
-``v * (1 - nv) > b * (1 + nb) * minSpeedup``, and for minimised metrics (latency),
-``v * (1 + nv) * minSpeedup < b * (1 - nb)``: it must still be ``minSpeedup`` times better
-when both measurements sit at the unfavourable edge of their spread. It must also have
-passed verification and honour every objective constraint. ``Figures.noise`` is measured on
-output tok/s; for the other objective metrics it stands in as their relative spread. Among
-winners the highest speedup is the result; otherwise the result is an explicit "no
-improvement". ``speedup`` is ``v / b`` (maximised) or ``b / v`` (minimised), reported with
-``speedupNoise = nv + nb``.
+The winning rule: paired, interleaved, with a confidence interval. A candidate can only be
+shown faster than a baseline by an experiment that benchmarked both in one engine, pass for
+pass in ABBA order (``ExperimentRecord.comparison``, against that baseline's build id). From
+the two per-pass lists of the objective metric, ``polymorph.stats.paired_ratio`` gives the
+speedup (candidate / baseline for maximised metrics such as tok/s, baseline / candidate for
+latencies, so > 1 is always better) with a 95% interval; the candidate wins when
+``stats.verdict(estimate, minSpeedup)`` is ``better``: the interval's lower end exceeds
+``minSpeedup``. It must also have passed verification and honour every objective constraint.
+A comparison of two separately measured builds (no pairing) is reported as a ratio of medians
+with a bootstrap interval (``stats.ratio``) but is never significant: drift between two
+measurements minutes apart must not masquerade as a win. ``speedupNoise`` is the interval's
+relative half-width. Among winners the highest speedup is the result; otherwise the result is
+an explicit "no improvement" naming the closest miss.
 
 Several sandboxes. Each sandbox's candidates are compared with that sandbox's own baseline
 (figures are only comparable within one engine on one host); the result is chosen across
@@ -26,23 +29,33 @@ or the clock. ``campaign`` is the shell that gathers records and applies the res
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 
+from polymorph import stats
 from polymorph.api import ExperimentRecord, Figures, Gates, Objective
 from polymorph.api.common import Constraint
 from polymorph.compile.agents.base import Comparison
 from polymorph.compile.documents import CampaignResult, Counts, ResultBest, Standing
 
 __all__ = [
+    "Scored",
     "budget_share",
     "compare",
     "counts",
+    "describe",
     "eligible",
+    "estimate",
     "objective_value",
+    "pass_values",
+    "ranked",
+    "score",
     "select_result",
     "summary",
+    "value_ci",
     "violations",
 ]
 
@@ -71,21 +84,78 @@ def violations(figures: Figures, constraints: Iterable[Constraint]) -> list[str]
     return broken
 
 
+def pass_values(figures: Figures, objective: Objective) -> list[float]:
+    """The objective metric of each measured pass (empty when the figures do not carry them).
+
+    Every pass generates the same tokens, so total tok/s is output tok/s times a constant and
+    the per-pass output tok/s stand for both throughput metrics.
+    """
+    if objective.metric in ("outputTokensPerSecond", "totalTokensPerSecond"):
+        return list(figures.repeats)
+    if objective.metric == "ttftP95":
+        return list(figures.ttftP95Repeats)
+    return list(figures.itlP95Repeats)
+
+
+def value_ci(figures: Figures, objective: Objective) -> list[float] | None:
+    """The 95% interval of the median objective value over passes (None without per-pass values)."""
+    values = pass_values(figures, objective)
+    if not values:
+        return None
+    est = stats.median_ci(values)
+    scale = objective_value(figures, objective) / est.value if est.value > 0 else 1.0
+    return [est.lo * scale, est.hi * scale]
+
+
+def _oriented(
+    candidate: list[float], baseline: list[float], objective: Objective
+) -> tuple[list[float], list[float]]:
+    """(numerator, denominator) so that the ratio is > 1 when the candidate is better."""
+    return (candidate, baseline) if objective.maximize else (baseline, candidate)
+
+
+def estimate(
+    record: ExperimentRecord, against: ExperimentRecord, objective: Objective
+) -> tuple[stats.Estimate, bool] | None:
+    """``record``'s speedup over ``against`` with its 95% interval, and whether it was paired.
+
+    Paired when ``record`` was benchmarked interleaved with ``against``'s build; otherwise the
+    unpaired ratio of medians (``stats.ratio``). None without figures or per-pass values.
+    """
+    if record.figures is None or against.figures is None:
+        return None
+    cand = pass_values(record.figures, objective)
+    comparison = record.comparison
+    if comparison is not None and comparison.against == against.build:
+        base = pass_values(comparison.baseline, objective)
+        if cand and len(cand) == len(base) and min(cand + base) > 0:
+            return stats.paired_ratio(*_oriented(cand, base, objective)), True
+    base = pass_values(against.figures, objective)
+    if not cand or not base or min(cand + base) <= 0:
+        return None
+    return stats.ratio(*_oriented(cand, base, objective)), False
+
+
 def compare(
-    candidate: Figures, baseline: Figures, objective: Objective, min_speedup: float = 1.0
-) -> Comparison:
-    """Candidate versus baseline on the objective; ``significant`` applies the module's winning rule."""
-    v, b = objective_value(candidate, objective), objective_value(baseline, objective)
-    nv, nb = candidate.noise, baseline.noise
-    if v <= 0 or b <= 0:
-        return Comparison(v, b, 0.0, nv + nb, False)
-    if objective.maximize:
-        speedup = v / b
-        significant = v * (1 - nv) > b * (1 + nb) * min_speedup
+    record: ExperimentRecord, against: ExperimentRecord, objective: Objective, min_speedup: float = 1.0
+) -> Comparison | None:
+    """``record`` versus ``against`` on the objective; ``significant`` applies the module's winning rule.
+
+    None when either misses figures.
+    """
+    if record.figures is None or against.figures is None:
+        return None
+    value = objective_value(record.figures, objective)
+    if record.comparison is not None and record.comparison.against == against.build:
+        baseline_value = objective_value(record.comparison.baseline, objective)
     else:
-        speedup = b / v
-        significant = v * (1 + nv) * min_speedup < b * (1 - nb)
-    return Comparison(v, b, speedup, nv + nb, significant)
+        baseline_value = objective_value(against.figures, objective)
+    found = estimate(record, against, objective)
+    if found is None:
+        return Comparison(value, baseline_value, 0.0, math.inf, False)
+    est, paired = found
+    significant = paired and stats.verdict(est, min_speedup) is stats.Verdict.BETTER
+    return Comparison(value, baseline_value, est.value, est.half_width, significant)
 
 
 def eligible(record: ExperimentRecord, objective: Objective) -> bool:
@@ -116,24 +186,64 @@ def budget_share(max_experiments: int, sandboxes: int, sandbox: int) -> int:
 
 
 def summary(record: ExperimentRecord, objective: Objective) -> Standing:
-    """One eligible record as result and progress documents show it (build, value, noise, figures)."""
+    """One eligible record as result and progress documents show it (build, value ±CI, figures)."""
     assert record.figures is not None
+    ci = value_ci(record.figures, objective)
+    value = objective_value(record.figures, objective)
     return Standing(
         build=record.build,
-        value=objective_value(record.figures, objective),
-        noise=record.figures.noise,
+        value=value,
+        noise=(ci[1] - ci[0]) / 2 / value if ci is not None and value > 0 else record.figures.noise,
         sandbox=record.sandbox,
         figures=record.figures,
+        valueCi=ci,
+        passes=len(pass_values(record.figures, objective)),
     )
 
 
-def _ranked(cmp: Comparison, record: ExperimentRecord, objective: Objective) -> ResultBest:
+@dataclass(frozen=True)
+class Scored:
+    """A candidate record with its speedup over its sandbox's baseline and the verdict at minSpeedup."""
+
+    record: ExperimentRecord
+    baseline: ExperimentRecord
+    estimate: stats.Estimate
+    paired: bool
+    verdict: stats.Verdict
+
+    @property
+    def wins(self) -> bool:
+        return self.paired and self.verdict is stats.Verdict.BETTER
+
+
+def score(
+    record: ExperimentRecord, baseline: ExperimentRecord, objective: Objective, min_speedup: float
+) -> Scored | None:
+    """``record`` against ``baseline`` by the module's rule (None without figures to compare)."""
+    found = estimate(record, baseline, objective)
+    if found is None:
+        return None
+    est, paired = found
+    return Scored(record, baseline, est, paired, stats.verdict(est, min_speedup))
+
+
+def ranked(scored: Scored, objective: Objective) -> ResultBest:
+    """A scored record as the result shows it."""
+    est = scored.estimate
     return ResultBest(
-        **dict(summary(record, objective)),
-        speedup=cmp.speedup,
-        speedupNoise=cmp.noise,
-        knobs=record.knobs,
+        **dict(summary(scored.record, objective)),
+        speedup=est.value,
+        speedupNoise=est.half_width,
+        speedupCi=[est.lo, est.hi],
+        pairs=est.n if scored.paired else 0,
+        knobs=scored.record.knobs,
     )
+
+
+def describe(est: stats.Estimate, paired: bool) -> str:
+    """``1.43x [1.40, 1.46] ±2.1% (9 pairs)``: a speedup with its 95% interval, for people."""
+    behind = f"{est.n} pairs" if paired else f"unpaired, n={est.n}"
+    return f"{est.value:.2f}x [{est.lo:.2f}, {est.hi:.2f}] ±{est.half_width * 100:.1f}% ({behind})"
 
 
 def select_result(
@@ -157,25 +267,27 @@ def select_result(
             state="noBaseline",
             message="the base build did not pass verification and benchmark, so nothing could be compared",
         )
-    scored: list[tuple[Comparison, ExperimentRecord, ExperimentRecord]] = []
+    scored: list[Scored] = []
     for sandbox, records in ledgers.items():
         base = baselines[sandbox]
-        if base is None or base.figures is None:
+        if base is None:
             continue
         for r in records:
-            if r.build != base_build and eligible(r, objective) and r.figures is not None:
-                scored.append((compare(r.figures, base.figures, objective, gates.minSpeedup), r, base))
+            if r.build != base_build and eligible(r, objective):
+                s = score(r, base, objective, gates.minSpeedup)
+                if s is not None:
+                    scored.append(s)
     first_base = next(b for b in baselines.values() if b is not None)
-    winners = [s for s in scored if s[0].significant]
+    winners = [s for s in scored if s.wins]
     if winners:
-        cmp, rec, base = max(winners, key=lambda s: s[0].speedup)
+        best = max(winners, key=lambda s: (s.estimate.value, s.estimate.lo))
         return result(
             state="improved",
-            baseline=summary(base, objective),
-            best=_ranked(cmp, rec, objective),
+            baseline=summary(best.baseline, objective),
+            best=ranked(best, objective),
             message=(
-                f"{rec.build} is {cmp.speedup:.2f}x the baseline on {objective.metric} "
-                f"(±{cmp.noise * 100:.0f}% noise, gate {gates.minSpeedup:g}x)"
+                f"{best.record.build} is {describe(best.estimate, True)} the baseline on {objective.metric}, "
+                f"paired and interleaved in one engine (gate {gates.minSpeedup:g}x)"
             ),
         )
     if not scored:
@@ -184,13 +296,14 @@ def select_result(
             baseline=summary(first_base, objective),
             message="no improvement: no candidate passed verification, benchmark and constraints",
         )
-    cmp, rec, _ = max(scored, key=lambda s: s[0].speedup)
+    # The closest miss: paired measurements first (an unpaired ratio cannot win), then the speedup.
+    miss = max(scored, key=lambda s: (s.paired, s.estimate.value))
     return result(
         state="noImprovement",
         baseline=summary(first_base, objective),
-        bestCandidate=_ranked(cmp, rec, objective),
+        bestCandidate=ranked(miss, objective),
         message=(
-            f"no improvement: the best candidate reached {cmp.speedup:.2f}x ±{cmp.noise * 100:.0f}%, "
-            f"not beyond noise and the {gates.minSpeedup:g}x gate"
+            f"no improvement: the best candidate reached {describe(miss.estimate, miss.paired)}, "
+            f"whose interval does not clear the {gates.minSpeedup:g}x gate"
         ),
     )

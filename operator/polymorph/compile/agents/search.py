@@ -1,28 +1,34 @@
-"""The offline search agent: explores the knobs the base build declares, noise-aware.
+"""The offline search agent: explores the knobs the base build declares, by paired comparisons.
 
 Plan (pure functions below, the agent only walks it):
 1. the baseline (the campaign runs it on every sandbox, because figures only compare
    within one engine);
-2. sweep: every knob set to each of its non-default choices, one knob at a time;
-3. greedy combination: starting from the baseline, apply the sweep's faster single-knob
-   changes in order of their noise-discounted speedup (speedup / (1 + noise)), keeping a
-   change when the combination measures faster than the current configuration;
+2. sweep: every knob set to each of its non-default choices, one knob at a time, each
+   benchmarked paired with the baseline; a change's *gain* is its paired speedup;
+3. greedy combination: from the baseline, add the sweep's changes that measured a gain > 1,
+   one at a time in order of gain. Each combination is benchmarked paired with the *current
+   best* configuration in one engine, and kept only when it still helps by the paired rule
+   (the interval of combination / current lies above 1: ``campaign.compare(...).significant``);
+   so knobs accumulate, and a knob whose gain another already delivered is dropped;
 4. local refinement: from the current configuration, try each knob's neighbouring choices
-   (one step along its declared list), move to the first that beats it *beyond noise*
-   (so refinement never chases noise), and repeat until a full pass finds nothing.
+   (one step along its declared list), each paired with the current best; move to the first
+   that helps by the same rule, and repeat until a full pass finds nothing;
+5. the final configuration, when its last measurement was against an intermediate best, is
+   benchmarked paired with the baseline, so that the campaign's selection (which judges every
+   candidate by its paired ratio to the baseline against ``minSpeedup``) can see it. One
+   experiment of the budget is kept for this.
 
 A configuration is a full assignment ``{knob: value}``; its key is its canonical JSON. Every
 configuration the plan makes is completed with what its knobs ``require`` (build.toml: a knob
 whose non-default values change nothing without another knob's value, such as
 ``decode_capture`` without ``kv_cache = "static"``), so interacting knobs are tried together
 rather than each alone as a no-op.
-The agent never runs a key twice. Sandbox ``i`` of ``n`` owns the configurations whose
-key hashes (sha256) to ``i`` mod ``n``, and runs only those (plus the shared baseline),
-so sandboxes explore disjoint shares. Combinations and refinements a sandbox does not own
-are skipped by it. The result itself is chosen by the campaign's noise-aware rule, never
-by the agent. "Beats beyond noise" is ``campaign.compare(...).significant`` with a
-factor of 1: better even when both measurements sit at the unfavourable edge of their
-spread. Budget and deadline are the campaign's: ``run_experiment`` raises when spent.
+The agent never runs the same (configuration, paired-against) twice. Sandbox ``i`` of ``n``
+owns the configurations whose key hashes (sha256) to ``i`` mod ``n``, and runs only those
+(plus the shared baseline), so sandboxes explore disjoint shares. Combinations and refinements
+a sandbox does not own are skipped by it. The result itself is chosen by the campaign's paired
+rule, never by the agent. Budget and deadline are the campaign's: ``run_experiment`` raises
+when spent.
 
 It knows nothing about the store, the ledger or how builds run.
 """
@@ -33,9 +39,10 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from polymorph.api import ExperimentRecord
+from polymorph.api.build import TokenUsage
 from polymorph.builds import knob_variant, read_build
 from polymorph.compile.agents.base import CampaignContext
 from polymorph.store import build_id
@@ -43,6 +50,19 @@ from polymorph.store import build_id
 __all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep", "with_requirements"]
 
 Config = dict[str, Any]
+
+
+class PairingContext(CampaignContext, Protocol):
+    """A ``CampaignContext`` whose ``run_experiment`` pairs with a chosen record's build (``Campaign`` is one)."""
+
+    def run_experiment(
+        self,
+        build_dir: Path,
+        *,
+        description: str = "",
+        usage: TokenUsage | None = None,
+        against: ExperimentRecord | None = None,
+    ) -> ExperimentRecord: ...
 
 
 def config_key(config: Config) -> str:
@@ -109,17 +129,18 @@ def neighbours(
 
 
 class SearchAgent:
-    """Baseline, one knob at a time, greedy combination, local refinement."""
+    """Baseline, one knob at a time, greedy paired combination, local paired refinement."""
 
     name = "search"
 
     def __init__(self) -> None:
-        self.tried: dict[str, ExperimentRecord] = {}
+        self.tried: dict[tuple[str, str], ExperimentRecord] = {}
         self._base_name = "base"
         self._base_id = ""
         self._defaults: Config = {}
 
     def run(self, ctx: CampaignContext) -> str:
+        pctx = cast(PairingContext, ctx)  # the campaign's run_experiment takes ``against``
         spec = read_build(ctx.base_dir)
         self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
         choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
@@ -128,62 +149,90 @@ class SearchAgent:
         if not choices:
             return "the base build declares no knobs, so there is nothing to search"
         self._defaults = defaults
-        base_key = config_key(defaults)
-        self.tried[base_key] = ctx.baseline
+        base = ctx.baseline
+        self.tried[(config_key(defaults), "")] = base
 
-        # 2. Sweep one knob at a time; rank the changes that measured faster by their
-        # noise-discounted speedup (speedup / (1 + noise)).
+        # 2. Sweep one knob at a time, each paired with the baseline; rank by paired gain.
         singles: list[tuple[float, Config, ExperimentRecord]] = []
         for config in sweep(defaults, choices, requires):
-            record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}")
+            record = self._attempt(pctx, config, f"sweep: {_diff(defaults, config)}", None)
             cmp = ctx.compare(record) if record is not None else None
             if record is not None and cmp is not None and cmp.speedup > 1:
-                singles.append((cmp.speedup / (1 + cmp.noise), config, record))
+                singles.append((cmp.speedup, config, record))
         singles.sort(key=lambda s: -s[0])
 
-        # 3. Greedy combination of the winners: keep a change when the combination measures
-        # faster than the current configuration (the noise-aware gate is the final selection's).
-        current, current_rec = defaults, ctx.baseline
+        # 3. Greedy combination: add each gain to the current best; keep it if it still helps, paired.
+        current, current_rec = defaults, base
         for _, config, record in singles:
+            if (
+                ctx.experiments_left() <= 1
+                and current_rec is not base
+                and not self._against_base(current_rec)
+            ):
+                break  # keep the last experiment for the final paired measurement
             changed = {k: v for k, v in config.items() if v != defaults[k]}
-            candidate = current | changed
+            candidate = with_requirements(current | changed, requires, defaults)
             if candidate == current:
                 continue
-            cand_rec = (
-                record
-                if candidate == config
-                else self._attempt(ctx, candidate, f"combine: {_diff(defaults, candidate)}")
-            )
-            cmp = ctx.compare(cand_rec, current_rec) if cand_rec is not None else None
-            if cand_rec is not None and cmp is not None and cmp.speedup > 1:
+            if current_rec is base and candidate == config:
+                cand_rec: ExperimentRecord | None = record  # already paired with the baseline
+            else:
+                desc = f"combine: {_diff(defaults, candidate)} vs {_diff(defaults, current) or 'baseline'}"
+                cand_rec = self._attempt(pctx, candidate, desc, current_rec)
+            if cand_rec is not None and self._helps(ctx, cand_rec, current_rec):
                 current, current_rec = candidate, cand_rec
 
-        # 4. Local refinement around the current configuration.
+        # 4. Local refinement around the current configuration, paired with it.
         improved = True
         while improved:
             improved = False
             for candidate in neighbours(current, choices, requires, defaults):
-                cand_rec = self._attempt(ctx, candidate, f"refine: {_diff(defaults, candidate)}")
-                if cand_rec is not None and self._improves(ctx, cand_rec, current_rec):
+                if (
+                    ctx.experiments_left() <= 1
+                    and current_rec is not base
+                    and not self._against_base(current_rec)
+                ):
+                    break
+                desc = f"refine: {_diff(defaults, candidate) or 'baseline'} vs {_diff(defaults, current) or 'baseline'}"
+                cand_rec = self._attempt(pctx, candidate, desc, None if current_rec is base else current_rec)
+                if cand_rec is not None and self._helps(ctx, cand_rec, current_rec):
                     current, current_rec = candidate, cand_rec
                     improved = True
                     break
-        cmp = ctx.compare(current_rec)
-        found = f"{cmp.speedup:.2f}x" if cmp is not None else "no gain"
-        return f"search space exhausted after {len(self.tried)} configurations; best {_diff(defaults, current) or 'baseline'} ({found})"
 
-    def _improves(self, ctx: CampaignContext, candidate: ExperimentRecord, current: ExperimentRecord) -> bool:
+        # 5. The final configuration, paired with the baseline (what the selection judges).
+        final = current_rec
+        if current_rec is not base and not self._against_base(current_rec):
+            measured = self._attempt(pctx, current, f"final: {_diff(defaults, current)} vs baseline", None)
+            final = measured if measured is not None else current_rec
+        cmp = ctx.compare(final)
+        found = f"{cmp.speedup:.2f}x ±{cmp.noise * 100:.1f}%" if cmp is not None else "no gain"
+        return (
+            f"search finished after {len(self.tried)} experiments; best "
+            f"{_diff(defaults, current) or 'baseline'} ({found} paired with the baseline)"
+        )
+
+    def _against_base(self, record: ExperimentRecord) -> bool:
+        return record.comparison is not None and record.comparison.against == self._base_id
+
+    def _helps(self, ctx: CampaignContext, candidate: ExperimentRecord, current: ExperimentRecord) -> bool:
+        """The paired rule at a factor of 1: the interval of candidate / current lies above 1."""
         cmp = ctx.compare(candidate, current)
         return cmp is not None and cmp.significant
 
-    def _attempt(self, ctx: CampaignContext, config: Config, description: str) -> ExperimentRecord | None:
-        """Run ``config`` unless it ran already or another sandbox owns it."""
-        key = config_key(config)
+    def _attempt(
+        self, ctx: PairingContext, config: Config, description: str, against: ExperimentRecord | None
+    ) -> ExperimentRecord | None:
+        """Run ``config`` paired with ``against`` (None: the baseline) unless that ran already or
+        another sandbox owns the configuration."""
+        if against is not None and against.build == self._base_id:
+            against = None  # the campaign's default pairing
+        key = (config_key(config), "" if against is None else against.build)
         if key in self.tried:
             return self.tried[key]
         if owner(config, ctx.sandboxes) != ctx.sandbox:
             return None
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(key[0].encode()).hexdigest()[:16]
         dest = Path(ctx.workdir) / f"search-{digest}"
         if not dest.exists():
             # Name, parent and description are functions of the configuration, so the same
@@ -196,8 +245,7 @@ class SearchAgent:
                 parent=self._base_id,
                 description=f"{self._base_name} with {_diff(self._defaults, config) or 'its defaults'}",
             )
-        build_dir = dest
-        record = ctx.run_experiment(build_dir, description=description)
+        record = ctx.run_experiment(dest, description=description, against=against)
         self.tried[key] = record
         return record
 

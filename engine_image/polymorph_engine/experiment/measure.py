@@ -1,0 +1,166 @@
+"""Measuring builds so that verdicts hold up: warm-up to a steady state, adaptive repeats, paired passes.
+
+Owns the measurement protocol of campaign experiments (``run.run_experiment`` calls it):
+- ``warm_up``: unmeasured passes after a swap until two consecutive ones agree within
+  ``MeasurePolicy.warmup_tolerance`` (``polymorph.stats.steady_state``), or ``max_warmup`` passes;
+  it returns how many ran. First passes after a swap are slow (allocator, caches, clocks), and
+  one fixed warm-up pass was not enough.
+- ``measure_one``: warm-up, then measured passes until the median's 95% interval
+  (``stats.median_ci``) is within ``target_half_width``, with at least ``min_passes`` and at
+  most ``max_passes`` passes, and no new pass once ``time_cap_s`` of measuring has passed.
+- ``measure_paired``: a candidate against a baseline, both loaded in one engine. Both warm up,
+  then pairs run in ABBA order (pair 0: candidate, baseline; pair 1: baseline, candidate; ...)
+  so that a linear drift over a pair cancels across two pairs, and pairs are added until the
+  paired ratio's interval (``stats.paired_ratio``) is within the target, under the same caps.
+  Pair ``i`` is (the candidate's ``i``-th pass, the baseline's ``i``-th pass).
+
+A pass is any callable returning a ``bench.PassResult`` and time comes from an injected
+``clock``, so the stopping rules are tested with scripted passes and a fake clock. It knows
+nothing about builds, engines, verification or processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polymorph.stats import Estimate, median_ci, paired_ratio, precise_enough, steady_state
+from polymorph_engine.experiment.bench import PassResult, throughput
+
+__all__ = [
+    "CPU_TARGET",
+    "GPU_TARGET",
+    "MeasurePolicy",
+    "Measurement",
+    "PairedMeasurement",
+    "measure_one",
+    "measure_paired",
+    "warm_up",
+]
+
+GPU_TARGET = 0.02
+"""Default relative CI half-width on an accelerator, where a fixed workload repeats within 1-2%."""
+CPU_TARGET = 0.04
+"""Default relative CI half-width on a CPU (a shared machine's scheduler adds noise)."""
+
+Pass = Callable[[], PassResult]
+
+
+@dataclass(frozen=True)
+class MeasurePolicy:
+    """When warm-up ends and when measuring stops."""
+
+    min_passes: int = 5
+    """Measured passes (pairs when paired) before the interval is judged; 5 gives the trimmed mean
+    one trimmed pair per side."""
+    max_passes: int = 40
+    target_half_width: float = CPU_TARGET
+    time_cap_s: float = 10.0
+    """Seconds of measuring after which no new pass (pair) starts, even short of the target."""
+    min_warmup: int = 2
+    max_warmup: int = 10
+    warmup_tolerance: float = 0.05
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.min_passes < 1:
+            raise ValueError(f"min_passes must be >= 1, got {self.min_passes}")
+        if self.max_passes < self.min_passes:
+            raise ValueError(f"max_passes ({self.max_passes}) must be >= min_passes ({self.min_passes})")
+        if not self.target_half_width > 0:
+            raise ValueError(f"target_half_width must be > 0 (such as 0.02), got {self.target_half_width}")
+        if self.min_warmup < 0 or self.max_warmup < self.min_warmup:
+            raise ValueError(
+                f"warm-up needs 0 <= min_warmup <= max_warmup, got {self.min_warmup} and {self.max_warmup}"
+            )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One build's measured passes (after ``warmup`` unmeasured ones) and its median with a CI."""
+
+    passes: list[PassResult]
+    warmup: int
+    estimate: Estimate
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PairedMeasurement:
+    """Interleaved passes of a candidate and a baseline, and candidate / baseline with a CI."""
+
+    candidate: list[PassResult]
+    baseline: list[PassResult]
+    candidate_warmup: int
+    baseline_warmup: int
+    estimate: Estimate
+    seconds: float
+
+
+def warm_up(run_pass: Pass, policy: MeasurePolicy) -> int:
+    """Run unmeasured passes until the last two agree within the tolerance (or the cap); how many ran."""
+    seen: list[float] = []
+    while len(seen) < policy.max_warmup:
+        seen.append(max(throughput(run_pass()), 1e-9))
+        if len(seen) >= max(2, policy.min_warmup) and steady_state(seen, policy.warmup_tolerance):
+            break
+    return len(seen)
+
+
+def _enough(n: int, estimate: Estimate, policy: MeasurePolicy, elapsed: float) -> bool:
+    if n < policy.min_passes:
+        return False
+    return (
+        n >= policy.max_passes
+        or elapsed >= policy.time_cap_s
+        or precise_enough(estimate, policy.target_half_width)
+    )
+
+
+def measure_one(
+    run_pass: Pass, policy: MeasurePolicy, clock: Callable[[], float] = time.perf_counter
+) -> Measurement:
+    """Warm up, then measure until the median is precise enough (see the module docstring)."""
+    started = clock()
+    warmup = warm_up(run_pass, policy)
+    measuring = clock()
+    passes: list[PassResult] = []
+    while True:
+        passes.append(run_pass())
+        estimate = median_ci([throughput(p) for p in passes], policy.confidence)
+        if estimate.value > 0 and _enough(len(passes), estimate, policy, clock() - measuring):
+            break
+        if estimate.value <= 0 and len(passes) >= policy.min_passes:
+            break  # a build that generates nothing: more passes will not help
+    return Measurement(passes, warmup, estimate, clock() - started)
+
+
+def measure_paired(
+    run_candidate: Pass,
+    run_baseline: Pass,
+    policy: MeasurePolicy,
+    clock: Callable[[], float] = time.perf_counter,
+) -> PairedMeasurement:
+    """Warm up both, then ABBA pairs until candidate / baseline is precise enough (see the module docstring)."""
+    started = clock()
+    candidate_warmup = warm_up(run_candidate, policy)
+    baseline_warmup = warm_up(run_baseline, policy)
+    measuring = clock()
+    cand: list[PassResult] = []
+    base: list[PassResult] = []
+    while True:
+        if len(cand) % 2 == 0:
+            cand.append(run_candidate())
+            base.append(run_baseline())
+        else:
+            base.append(run_baseline())
+            cand.append(run_candidate())
+        estimate = paired_ratio(
+            [max(throughput(p), 1e-9) for p in cand],
+            [max(throughput(p), 1e-9) for p in base],
+            policy.confidence,
+        )
+        if _enough(len(cand), estimate, policy, clock() - measuring):
+            break
+    return PairedMeasurement(cand, base, candidate_warmup, baseline_warmup, estimate, clock() - started)
