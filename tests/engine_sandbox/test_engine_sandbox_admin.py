@@ -26,13 +26,13 @@ from polymorph.workload import RequestShape, Workload
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor
 from polymorph_engine.sandbox.admin import serve_admin
-from polymorph_engine.serving.server import EngineHTTPServer
+from polymorph_engine.serving.server import EngineServer
 
 WORKLOAD = Workload((RequestShape(8, 4), RequestShape(6, 3)), 2, "sha256:admin-test")
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineHTTPServer, Supervisor, Path]]:
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineServer, Supervisor, Path]]:
     workdir = tmp_path_factory.mktemp("admin-work")
     supervisor = Supervisor(
         "tiny",
@@ -59,7 +59,7 @@ def _copy_reference(dest: Path, append: str = "") -> Path:
     return dest
 
 
-def test_remote_runner_runs_an_experiment(sandbox: tuple[EngineHTTPServer, Supervisor, Path]) -> None:
+def test_remote_runner_runs_an_experiment(sandbox: tuple[EngineServer, Supervisor, Path]) -> None:
     server, _, workdir = sandbox
     runner = RemoteRunner(server.url, timeout=120)
     runner.wait_ready(timeout=10)
@@ -73,7 +73,7 @@ def test_remote_runner_runs_an_experiment(sandbox: tuple[EngineHTTPServer, Super
 
 
 def test_a_crashing_build_is_contained(
-    sandbox: tuple[EngineHTTPServer, Supervisor, Path], tmp_path: Path
+    sandbox: tuple[EngineServer, Supervisor, Path], tmp_path: Path
 ) -> None:
     server, supervisor, _ = sandbox
     crash = _copy_reference(
@@ -91,7 +91,7 @@ def test_a_crashing_build_is_contained(
 
 
 def test_load_build_sets_the_current_build(
-    sandbox: tuple[EngineHTTPServer, Supervisor, Path], tmp_path: Path
+    sandbox: tuple[EngineServer, Supervisor, Path], tmp_path: Path
 ) -> None:
     server, _, _ = sandbox
     runner = RemoteRunner(server.url)
@@ -100,7 +100,7 @@ def test_load_build_sets_the_current_build(
     assert httpx.get(f"{server.url}/admin/builds/current").json() == {"build": build_id(variant)}
 
 
-def test_bad_admin_bodies_get_400(sandbox: tuple[EngineHTTPServer, Supervisor, Path], tmp_path: Path) -> None:
+def test_bad_admin_bodies_get_400(sandbox: tuple[EngineServer, Supervisor, Path], tmp_path: Path) -> None:
     server, _, _ = sandbox
     good = base64.b64encode(archive_build(REFERENCE_BUILD)).decode()
     cases: list[tuple[bytes | dict[str, object], str | None]] = [

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from polymorph_engine.runtime.tokenizer import ByteTokenizer
 from polymorph_engine.serving.metrics import ServerMetrics
-from polymorph_engine.serving.server import EngineHTTPServer, make_server
+from polymorph_engine.serving.server import EngineServer, make_server
 from polymorph_engine.serving.service import CompletionService
 from polymorph_engine.serving.trace import TraceSampler
 
@@ -86,7 +86,7 @@ def _service(
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[EngineHTTPServer, CompletionService, CountingHotPath]]:
+def served() -> Iterator[tuple[EngineServer, CompletionService, CountingHotPath]]:
     hotpath = CountingHotPath()
     service = _service(hotpath, trace=TraceSampler(1.0, seed=0))
     server = make_server(service, "127.0.0.1", 0)
@@ -100,8 +100,25 @@ def _families(text: str) -> dict[tuple[str, str], Any]:
     return {(f.name, f.type): f for f in text_string_to_metric_families(text)}
 
 
+def _by_reason(fams: dict[tuple[str, str], Any]) -> dict[tuple[str, str], float]:
+    """``polymorph_requests_total`` by ``(status, reason)``."""
+    return {
+        (s.labels["status"], s.labels["reason"]): s.value
+        for s in fams[("polymorph_requests", "counter")].samples
+        if s.name.endswith("_total")
+    }
+
+
+def _by_status(fams: dict[tuple[str, str], Any]) -> dict[str, float]:
+    """``polymorph_requests_total`` summed by status."""
+    out: dict[str, float] = {}
+    for (status, _), value in _by_reason(fams).items():
+        out[status] = out.get(status, 0.0) + value
+    return out
+
+
 def test_plain_completion_is_greedy_and_counted(
-    served: tuple[EngineHTTPServer, CompletionService, Any],
+    served: tuple[EngineServer, CompletionService, Any],
 ) -> None:
     server, _, _ = served
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "a", "max_tokens": 5})
@@ -113,7 +130,7 @@ def test_plain_completion_is_greedy_and_counted(
     assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
 
 
-def test_token_id_prompt_and_stop_string(served: tuple[EngineHTTPServer, CompletionService, Any]) -> None:
+def test_token_id_prompt_and_stop_string(served: tuple[EngineServer, CompletionService, Any]) -> None:
     server, _, _ = served
     r = httpx.post(
         f"{server.url}/v1/completions", json={"prompt": [104, 105], "max_tokens": 20, "stop": ["lm", "zz"]}
@@ -132,7 +149,7 @@ def _sse(lines: Iterator[str]) -> list[str]:
     return payloads
 
 
-def test_streaming_completion_ends_with_done(served: tuple[EngineHTTPServer, CompletionService, Any]) -> None:
+def test_streaming_completion_ends_with_done(served: tuple[EngineServer, CompletionService, Any]) -> None:
     server, _, _ = served
     body = {
         "prompt": "a",
@@ -176,7 +193,7 @@ def test_streaming_completion_ends_with_done(served: tuple[EngineHTTPServer, Com
     ],
 )
 def test_bad_requests_get_openai_400(
-    served: tuple[EngineHTTPServer, Any, Any], body: bytes, param: str | None
+    served: tuple[EngineServer, Any, Any], body: bytes, param: str | None
 ) -> None:
     server, _, _ = served
     r = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
@@ -187,14 +204,14 @@ def test_bad_requests_get_openai_400(
     assert error["message"].endswith(".") and "\n" not in error["message"]
 
 
-def test_unknown_model_is_404(served: tuple[EngineHTTPServer, Any, Any]) -> None:
+def test_unknown_model_is_404(served: tuple[EngineServer, Any, Any]) -> None:
     server, _, _ = served
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "gpt-4", "prompt": "a"})
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "model_not_found"
 
 
-def test_probes_models_and_no_admin_in_serve_mode(served: tuple[EngineHTTPServer, Any, Any]) -> None:
+def test_probes_models_and_no_admin_in_serve_mode(served: tuple[EngineServer, Any, Any]) -> None:
     server, _, _ = served
     assert httpx.get(f"{server.url}/healthz").status_code == 200
     ready = httpx.get(f"{server.url}/readyz")
@@ -213,7 +230,7 @@ def test_probes_models_and_no_admin_in_serve_mode(served: tuple[EngineHTTPServer
     assert httpx.get(f"{server.url}/v1/completions").status_code == 405
 
 
-def test_metrics_histograms_carry_labels_and_counts(served: tuple[EngineHTTPServer, Any, Any]) -> None:
+def test_metrics_histograms_carry_labels_and_counts(served: tuple[EngineServer, Any, Any]) -> None:
     server, _, _ = served
     for n in (3, 7):
         assert (
@@ -242,8 +259,11 @@ def test_metrics_histograms_carry_labels_and_counts(served: tuple[EngineHTTPServ
     assert sample("polymorph_generation_tokens", "histogram", "_bucket", le="4.0") == 1
     assert sample("polymorph_time_to_first_token_seconds", "histogram", "_count") == 2
     assert sample("polymorph_inter_token_latency_seconds", "histogram", "_count") == (3 - 1) + (7 - 1)
-    assert sample("polymorph_requests", "counter", "_total", status="ok") == 2
-    assert sample("polymorph_requests", "counter", "_total", status="error") == 0
+    assert sample("polymorph_requests", "counter", "_total", status="ok", reason="length") == 2
+    by_status = _by_status(fams)
+    assert by_status["error"] == 0
+    assert by_status["invalid"] == 1  # the bad body: the client's fault, kept out of "error"
+    assert _by_reason(fams)[("invalid", "invalid_json")] == 1
     assert sample("polymorph_prompt_tokens", "counter", "_total") == 4
     assert sample("polymorph_generation_tokens", "counter", "_total") == 10
     assert sample("polymorph_requests_in_flight", "gauge", "") == 0
@@ -294,18 +314,14 @@ def test_build_failure_is_a_500_and_counted_as_error() -> None:
         ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert ok.status_code == 200  # the server recovered with a fresh scheduler
         fams = _families(httpx.get(f"{server.url}/metrics").text)
-        by_status = {
-            s.labels["status"]: s.value
-            for s in fams[("polymorph_requests", "counter")].samples
-            if s.name.endswith("_total")
-        }
-        assert by_status == {"ok": 1.0, "error": 1.0, "cancelled": 0.0}
+        assert _by_status(fams) == {"ok": 1.0, "error": 1.0, "cancelled": 0.0}
+        assert _by_reason(fams)[("error", "batch_failed")] == 1.0
     finally:
         server.close()
         service.close(grace_s=1)
 
 
-def test_trace_samples_shapes_not_content(served: tuple[EngineHTTPServer, CompletionService, Any]) -> None:
+def test_trace_samples_shapes_not_content(served: tuple[EngineServer, CompletionService, Any]) -> None:
     server, service, _ = served
     httpx.post(f"{server.url}/v1/completions", json={"prompt": "secret", "max_tokens": 3})
     httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
@@ -316,7 +332,7 @@ def test_trace_samples_shapes_not_content(served: tuple[EngineHTTPServer, Comple
 
 
 def test_swap_serves_later_requests_with_the_new_build(
-    served: tuple[EngineHTTPServer, CompletionService, Any],
+    served: tuple[EngineServer, CompletionService, Any],
 ) -> None:
     server, service, _ = served
     new_build = "sha256:" + "cd" * 32
@@ -357,12 +373,7 @@ def test_a_client_that_goes_away_cancels_its_request() -> None:
         time.sleep(0.2)
         assert len(hotpath.decode_batches) == decodes
         fams = _families(httpx.get(f"{server.url}/metrics").text)
-        by_status = {
-            s.labels["status"]: s.value
-            for s in fams[("polymorph_requests", "counter")].samples
-            if s.name.endswith("_total")
-        }
-        assert by_status == {"ok": 0.0, "error": 0.0, "cancelled": 1.0}
+        assert _by_status(fams) == {"ok": 0.0, "error": 0.0, "cancelled": 1.0}
         gauge = fams[("polymorph_requests_in_flight", "gauge")].samples[0].value
         assert gauge == 0
     finally:
@@ -371,7 +382,7 @@ def test_a_client_that_goes_away_cancels_its_request() -> None:
 
 
 def test_keep_alive_connection_survives_refused_requests(
-    served: tuple[EngineHTTPServer, CompletionService, Any],
+    served: tuple[EngineServer, CompletionService, Any],
 ) -> None:
     server, _, _ = served
     with httpx.Client(base_url=server.url) as client:

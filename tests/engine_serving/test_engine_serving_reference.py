@@ -19,7 +19,7 @@ from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel, forward
 from polymorph_engine.serving.metrics import ServerMetrics
-from polymorph_engine.serving.server import EngineHTTPServer, make_server
+from polymorph_engine.serving.server import EngineServer, make_server
 from polymorph_engine.serving.service import CompletionService
 
 MODEL = "qwen2-tiny"  # its greedy continuations vary token to token
@@ -41,7 +41,7 @@ def naive_greedy(model: LoadedModel, prompt: list[int], steps: int) -> list[int]
 
 
 @pytest.fixture(scope="module")
-def reference_server() -> Iterator[tuple[EngineHTTPServer, CompletionService, LoadedModel]]:
+def reference_server() -> Iterator[tuple[EngineServer, CompletionService, LoadedModel]]:
     model = load_model(MODEL, seed=3)
     hotpath, _, _ = load_hotpath(model, REFERENCE_BUILD)
     build = build_id(REFERENCE_BUILD)
@@ -65,7 +65,7 @@ def reference_server() -> Iterator[tuple[EngineHTTPServer, CompletionService, Lo
 
 
 def test_concurrent_completions_match_naive_greedy(
-    reference_server: tuple[EngineHTTPServer, CompletionService, LoadedModel],
+    reference_server: tuple[EngineServer, CompletionService, LoadedModel],
 ) -> None:
     server, service, model = reference_server
     prompts = [[1, 2, 3], [100, 50, 7, 9, 11], [300], [42, 42, 42, 42]]

@@ -11,8 +11,10 @@ Contract (server side, ``serve_admin``):
   optional ``on_load`` hook, and report the build as current;
 - ``GET /admin/builds/current``: ``{"build": <id or null>}``;
 - ``POST /admin/trace/flush`` (only with a ``flush_trace`` hook): ``{"key": <store key or null>}``.
-Bad bodies are 400 with an OpenAI-shaped error naming the field; a runner that raises is a 500;
-the server itself keeps serving. It binds only to a loopback address.
+Bodies are the pydantic ``BuildBody``; bad ones are 400 with an OpenAI-shaped error naming the
+field; a runner that raises is a 500; the server itself keeps serving. It is served by the same
+aiohttp server as completions (``polymorph_engine.serving.server``) and binds only to a
+loopback address.
 
 The client side is ``polymorph.compile.runner.RemoteRunner``, in the trusted package.
 
@@ -31,13 +33,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from polymorph.compile.runner import Runner
 from polymorph.errors import StoreError, UsageError
 from polymorph.store import archive_id, build_id, unpack_build
-from polymorph_engine.serving.openai_api import RequestError, json_object
-from polymorph_engine.serving.server import EngineHTTPServer, make_server
+from polymorph_engine.serving.openai_api import RequestError, parse_body
+from polymorph_engine.serving.server import EngineServer, make_server
 
-__all__ = ["SandboxAdmin", "serve_admin"]
+__all__ = ["BuildBody", "SandboxAdmin", "serve_admin"]
+
+
+class BuildBody(BaseModel):
+    """The body of ``POST /admin/experiments`` and ``POST /admin/builds/load``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    archive: str = Field(min_length=1)
+    id: str | None = None
+    description: str = ""
+
+
+_BODY_WORDS = {
+    "archive": "archive is required: the base64 of a canonical build tar.gz",
+    "id": "id must be a build id string (sha256:<64 hex>)",
+    "description": "description must be a string",
+}
 
 
 def _check_loopback(host: str) -> None:
@@ -100,14 +120,11 @@ class SandboxAdmin:
     # -- endpoints ----------------------------------------------------------------------------
 
     def _experiment(self, body: bytes) -> tuple[int, Any]:
-        doc = json_object(body)
-        description = doc.get("description", "")
-        if not isinstance(description, str):
-            raise RequestError("description must be a string.", param="description")
+        doc = parse_body(BuildBody, body, _BODY_WORDS)
         build_dir, _ = self._unpack(doc)
         try:
             with self._run_lock:
-                record = self.runner.run(build_dir, description=description)
+                record = self.runner.run(build_dir, description=doc.description)
                 self.experiments += 1
         except Exception as exc:
             raise RequestError(
@@ -118,7 +135,7 @@ class SandboxAdmin:
         return 200, record.model_dump(mode="json")
 
     def _load(self, body: bytes) -> tuple[int, Any]:
-        build_dir, build = self._unpack(json_object(body))
+        build_dir, build = self._unpack(parse_body(BuildBody, body, _BODY_WORDS))
         try:
             if self.on_load is not None:
                 self.on_load(build_dir, build)
@@ -132,20 +149,13 @@ class SandboxAdmin:
             shutil.rmtree(previous, ignore_errors=True)
         return 200, {"build": build}
 
-    def _unpack(self, doc: dict[str, Any]) -> tuple[Path, str]:
+    def _unpack(self, doc: BuildBody) -> tuple[Path, str]:
         """Decode, unpack and id-check the archive in ``doc``: the build directory and its id."""
-        archive = doc.get("archive")
-        if not isinstance(archive, str) or not archive:
-            raise RequestError(
-                "archive is required: the base64 of a canonical build tar.gz.", param="archive"
-            )
         try:
-            data = base64.b64decode(archive, validate=True)
+            data = base64.b64decode(doc.archive, validate=True)
         except (binascii.Error, ValueError):
             raise RequestError("archive is not valid base64.", param="archive") from None
-        sent = doc.get("id")
-        if sent is not None and not isinstance(sent, str):
-            raise RequestError("id must be a build id string (sha256:<64 hex>).", param="id")
+        sent = doc.id
         try:
             computed = archive_id(data)
             if sent is not None and sent != computed:
@@ -173,8 +183,8 @@ def serve_admin(
     workdir: Path | None = None,
     on_load: Callable[[Path, str], None] | None = None,
     flush_trace: Callable[[], str | None] | None = None,
-) -> EngineHTTPServer:
-    """Bind the admin API on a loopback ``host``; call ``serve_forever()`` or ``start()`` on the result.
+) -> EngineServer:
+    """Bind the admin API on a loopback ``host``; call ``start()`` on the result.
 
     Raises ``UsageError`` (one sentence) for a non-loopback host or a port that is taken.
     """

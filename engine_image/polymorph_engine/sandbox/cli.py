@@ -2,7 +2,8 @@
 
 It runs agent-written builds and needs no secrets: it loads the model once into a supervised
 worker (``experiment.supervisor.Supervisor``) and serves the admin API
-(``sandbox.admin.serve_admin``) on 127.0.0.1 only, until SIGTERM. The workload, gates and
+(``sandbox.admin.serve_admin``) on 127.0.0.1 only, until SIGTERM or SIGINT. The port is bound
+before the model loads, so a taken or impossible one is a one-line error at once. The workload, gates and
 experiment timeout come from the CompileJob spec (read by ``polymorph.compile.job``, as the agent
 container reads it); the model from ``--model`` or ``spec.model``.
 
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         workload = workload_from_profile(profile or DEFAULT_WORKLOAD)  # profile is None only for traces
     if args.repeats < 2:
         raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be from 1 to 65535; got {args.port}")
     supervisor = Supervisor(
         model,
         device=args.device,
@@ -79,27 +82,30 @@ def run(args: argparse.Namespace) -> int:
         experiment_timeout=parse_duration(spec.budget.experimentTimeout),
         settings=BenchSettings(repeats=args.repeats),
     )
-    try:
-        supervisor.start()
-    except WorkerStartError as exc:
-        raise UsageError(str(exc)) from None
     workdir = Path(args.workdir) if args.workdir else None
+    # The port is bound before the model loads, so a taken one is refused in a moment, not after it.
+    server = serve_admin(supervisor, "127.0.0.1", args.port, workdir=workdir)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     try:
-        server = serve_admin(supervisor, "127.0.0.1", args.port, workdir=workdir)
-        stop = threading.Event()
-
-        def _stop(signum: int, _frame: FrameType | None) -> None:
-            stop.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
-
-        signal.signal(signal.SIGTERM, _stop)
+        try:
+            supervisor.start()
+        except WorkerStartError as exc:
+            raise UsageError(str(exc)) from None
+        server.start()
         print(
             f"polymorph sandbox engine: admin API on http://127.0.0.1:{args.port}",
             file=sys.stderr,
             flush=True,
         )
-        server.serve_forever()
-        server.server_close()
+        while not stop.wait(0.5):
+            pass
     finally:
+        server.close()
         supervisor.close()
     return 0

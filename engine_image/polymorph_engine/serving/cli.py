@@ -6,7 +6,9 @@ With ``--trace-sample-rate F > 0`` a fraction F of requests' shapes (lengths and
 times, never content) are written to ``--store`` under
 ``workloads/<namespace>/<model deployment>/trace-<ts>.jsonl`` every ``--trace-flush-interval``
 seconds and on shutdown. SIGTERM or SIGINT stop accepting, let running requests finish (up
-to ``--shutdown-grace`` seconds), flush the trace and exit 0. Bad flags exit 2 with one sentence.
+to ``--shutdown-grace`` seconds), flush the trace and exit 0. Bad flags exit 2 with one sentence;
+the port is bound before the model loads, so a taken one is refused at once. At most
+``--max-batch`` + ``--max-queue`` requests are admitted at once; more get 503 with Retry-After.
 
 This module only gathers inputs and wires the pieces together (model, build, ``server``,
 ``metrics``, ``trace``); it holds no serving logic of its own.
@@ -15,6 +17,8 @@ This module only gathers inputs and wires the pieces together (model, build, ``s
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import os
 import signal
 import sys
@@ -29,8 +33,8 @@ from polymorph.store import Store, build_id, open_store
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving.metrics import ServerMetrics
-from polymorph_engine.serving.server import make_server
-from polymorph_engine.serving.service import CompletionService
+from polymorph_engine.serving.server import EngineServer
+from polymorph_engine.serving.service import DEFAULT_MAX_QUEUE, CompletionService
 from polymorph_engine.serving.trace import TraceSampler, flush_trace
 
 __all__ = ["configure", "run"]
@@ -59,6 +63,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     serve.add_argument("--dtype", default="auto", help="float32, bfloat16, float16, or auto (float32 on cpu)")
     serve.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help=f"requests admitted beyond the batch, waiting for a slot; more get 503 (default {DEFAULT_MAX_QUEUE})",
+    )
     serve.add_argument(
         "--max-seq-len",
         type=int,
@@ -105,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
 
     store = _open_store(args.store) if args.store or args.build.startswith("sha256:") else None
+    try:  # the port is taken before the model loads, so a bad one costs nothing
+        server = EngineServer(args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}.") from None
     cache = Path(args.build_cache) if args.build_cache else Path(tempfile.mkdtemp(prefix="polymorph-builds-"))
     build_dir, build = _resolve_build(args.build, store, cache)
     dtype = ("float32" if args.device == "cpu" else "bfloat16") if args.dtype == "auto" else args.dtype
@@ -130,35 +144,31 @@ def run(args: argparse.Namespace) -> int:
         metrics=ServerMetrics(build, args.model_deployment, args.track),
         trace=sampler,
         device=str(model.device),
+        max_queue=args.max_queue,
     )
-    try:
-        server = make_server(service, args.host, args.port)
-    except OSError as exc:
-        service.close(grace_s=0)
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}.") from None
-
+    server.service = service
     flusher = _TraceFlusher(sampler, store, args.namespace, args.model_deployment or "default")
-    flusher.start(args.trace_flush_interval)
     stopping = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=server.shutdown, name="polymorph-shutdown", daemon=True).start()
+        stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(
-        f"polymorph engine: serving {args.model} with build {build} on {server.url}",
-        file=sys.stderr,
-        flush=True,
-    )
+    logging.basicConfig(level=logging.INFO, format="polymorph engine: %(message)s", stream=sys.stderr)
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.start(grace_s=args.shutdown_grace)
+        flusher.start(args.trace_flush_interval)
+        print(
+            f"polymorph engine: serving {args.model} with build {build} on {server.url}",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not stopping.wait(0.5):
+            pass
     finally:
-        service.close(grace_s=args.shutdown_grace)
-        server.wait_idle(timeout_s=5)  # let finished streams write their last events
-        server.server_close()
+        service.close(grace_s=args.shutdown_grace)  # readyz turns 503; admitted requests finish
+        server.close()  # streams write their last events, then the socket goes
         flusher.stop()
         hotpath.close()
     print("polymorph engine: stopped", file=sys.stderr, flush=True)
@@ -172,8 +182,17 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--track must be stable or canary, got {args.track!r}.")
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}.")
+    if args.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}.")
     if args.max_seq_len is not None and args.max_seq_len < 2:
         raise UsageError(f"--max-seq-len must be at least 2, got {args.max_seq_len}.")
+    for flag, value in (
+        ("--trace-sample-rate", args.trace_sample_rate),
+        ("--trace-flush-interval", args.trace_flush_interval),
+        ("--shutdown-grace", args.shutdown_grace),
+    ):
+        if not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}.")
     if not 0.0 <= args.trace_sample_rate <= 1.0:
         raise UsageError(f"--trace-sample-rate must be between 0 and 1, got {args.trace_sample_rate}.")
     if args.trace_sample_rate > 0 and not args.store:

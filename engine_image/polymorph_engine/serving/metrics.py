@@ -9,9 +9,15 @@ flight, and renders them in the Prometheus text format. Every series carries the
 Exposed families (the operator's PromQL depends on these names):
 - histograms ``polymorph_prompt_tokens``, ``polymorph_generation_tokens``,
   ``polymorph_time_to_first_token_seconds``, ``polymorph_inter_token_latency_seconds``;
-- counters ``polymorph_requests_total{status="ok|error|cancelled"}`` (``error``: the engine failed
-  an accepted request; ``cancelled``: the client went away first; refused requests, 4xx, are not
-  counted), ``polymorph_prompt_tokens_total``, ``polymorph_generation_tokens_total``;
+- counters ``polymorph_requests_total{status, reason}``, one per completion request the engine
+  answered: ``ok`` (reason ``stop`` or ``length``); ``cancelled`` (the client went away first);
+  ``error``, the engine's fault: refused with 503 (``overloaded``: the admission queue was full,
+  ``shutting_down``) or failed with 500 (``build_failed``: this request's step raised,
+  ``batch_failed``: the whole batch's step raised, ``engine_stopped``); and ``invalid``, the
+  client's fault (a 4xx, reason the error code, e.g. ``invalid_request``, ``model_not_found``),
+  kept out of ``error`` so a client's bad requests never fail a canary. The ``ok``, ``error``
+  and ``cancelled`` series exist from the start (at 0); ``polymorph_prompt_tokens_total``,
+  ``polymorph_generation_tokens_total``;
 - gauge ``polymorph_requests_in_flight``;
 - histogram ``polymorph_decode_batch_size`` (requests per decode step; shows batching at work).
 
@@ -39,6 +45,15 @@ TOKEN_BUCKETS: tuple[float, ...] = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048,
 TTFT_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ITL_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
+INITIAL_OUTCOMES: tuple[tuple[str, str], ...] = (
+    ("ok", "stop"),
+    ("ok", "length"),
+    ("cancelled", "client_gone"),
+    ("error", "overloaded"),
+    ("error", "build_failed"),
+    ("error", "batch_failed"),
+)
+"""``(status, reason)`` series exposed at 0 before anything happens, so rates start from zero."""
 
 
 @dataclass
@@ -85,6 +100,7 @@ class RequestObservation:
     ttft_s: float | None
     itls_s: Sequence[float]
     status: Literal["ok", "error", "cancelled"]
+    reason: str = ""
 
 
 @dataclass
@@ -93,9 +109,8 @@ class _Series:
     generation: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
     ttft: HistogramData = field(default_factory=lambda: HistogramData(TTFT_BUCKETS))
     itl: HistogramData = field(default_factory=lambda: HistogramData(ITL_BUCKETS))
-    ok: int = 0
-    error: int = 0
-    cancelled: int = 0
+    outcomes: dict[tuple[str, str], int] = field(default_factory=lambda: {key: 0 for key in INITIAL_OUTCOMES})
+    """Requests by ``(status, reason)``."""
     prompt_total: int = 0
     generation_total: int = 0
 
@@ -139,21 +154,37 @@ class ServerMetrics:
         with self._lock:
             self._in_flight = max(0, self._in_flight - 1)
             s = self._series[self._build]
+            key = (obs.status, obs.reason)
+            s.outcomes[key] = s.outcomes.get(key, 0) + 1
             if obs.status == "error":
-                s.error += 1
                 return
             s.prompt_total += obs.prompt_tokens
             s.generation_total += obs.generation_tokens
             if obs.status == "cancelled":
-                s.cancelled += 1
                 return
-            s.ok += 1
             s.prompt.observe(obs.prompt_tokens)
             s.generation.observe(obs.generation_tokens)
             if obs.ttft_s is not None:
                 s.ttft.observe(obs.ttft_s)
             for gap in obs.itls_s:
                 s.itl.observe(gap)
+
+    def request_refused(self, http_status: int, reason: str) -> None:
+        """Count a completion request answered with an error before it ever reached the engine.
+
+        5xx refusals (the engine's fault: overload, shutdown) count as ``error``, 4xx ones (the
+        client's) as ``invalid``; neither was in flight.
+        """
+        key = ("error" if http_status >= 500 else "invalid", reason)
+        with self._lock:
+            s = self._series[self._build]
+            s.outcomes[key] = s.outcomes.get(key, 0) + 1
+
+    def count(self, status: str, reason: str | None = None) -> int:
+        """Requests of the current build by ``status`` (and ``reason`` when given)."""
+        with self._lock:
+            outcomes = dict(self._series[self._build].outcomes)
+        return sum(n for (st, why), n in outcomes.items() if st == status and reason in (None, why))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this server's registry."""
@@ -180,16 +211,17 @@ class ServerMetrics:
                 fam.add_metric([build, md, tr], h.cumulative(), h.total)
             yield fam
         requests = CounterMetricFamily(
-            "polymorph_requests", "Finished completion requests by status.", labels=[*labels, "status"]
+            "polymorph_requests",
+            "Answered completion requests by status and reason.",
+            labels=[*labels, "status", "reason"],
         )
         prompt_total = CounterMetricFamily(
             "polymorph_prompt_tokens", "Prompt tokens processed.", labels=labels
         )
         gen_total = CounterMetricFamily("polymorph_generation_tokens", "Tokens generated.", labels=labels)
         for build, series in snapshot.items():
-            requests.add_metric([build, md, tr, "ok"], series.ok)
-            requests.add_metric([build, md, tr, "error"], series.error)
-            requests.add_metric([build, md, tr, "cancelled"], series.cancelled)
+            for (status, reason), n in sorted(series.outcomes.items()):
+                requests.add_metric([build, md, tr, status, reason], n)
             prompt_total.add_metric([build, md, tr], series.prompt_total)
             gen_total.add_metric([build, md, tr], series.generation_total)
         yield requests
@@ -214,9 +246,7 @@ def _copy(s: _Series) -> _Series:
         h(s.generation),
         h(s.ttft),
         h(s.itl),
-        s.ok,
-        s.error,
-        s.cancelled,
+        dict(s.outcomes),
         s.prompt_total,
         s.generation_total,
     )

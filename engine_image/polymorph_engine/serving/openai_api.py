@@ -1,13 +1,21 @@
-"""OpenAI ``/v1/completions`` request parsing and validation, and the error shape for refusals.
+"""OpenAI ``/v1/completions`` request bodies as pydantic models, their validation, and the error shape.
 
 Contract:
-- ``parse_completion_request(body, ...)`` turns a request body into a ``CompletionParams`` or
-  raises ``RequestError`` naming the offending field (``param``) in one sentence. Decoding is
-  always greedy: ``temperature``, ``top_p`` and similar sampling fields are accepted and
-  ignored. ``n`` must be 1; ``logprobs`` and ``echo`` are not supported. ``prompt`` is a string
-  (tokenised) or a list of token ids (or a one-element list of either); ``max_tokens`` defaults
-  to 16; ``stop`` is a string or up to 4 strings.
-- ``RequestError.body()`` is the OpenAI-shaped JSON error; its ``status`` is the HTTP status.
+- ``CompletionRequest`` is the wire model of a completions body. It is parsed straight from
+  the bytes by pydantic (``model_validate_json``), whose JSON parser bounds nesting depth and
+  number size, so a body of 100,000 ``[`` or a 5,000-digit ``max_tokens`` is a 400, never a
+  crash. Fields OpenAI defines that a greedy engine ignores (``temperature``, ``top_p``, ...)
+  are accepted and ignored.
+- ``parse_completion_request(body, ...)`` turns a body into a ``CompletionParams`` or raises
+  ``RequestError`` naming the offending field (``param``) in one sentence. Decoding is always
+  greedy; ``n`` must be 1; ``logprobs`` and ``echo`` are not supported. ``prompt`` is a string
+  (tokenised) or a list of token ids (or a one-element list of either); ``max_tokens``
+  defaults to 16; ``stop`` is a string or up to 4 strings.
+- ``parse_body(model, body)`` does the same for any other body model (the sandbox admin's).
+- ``RequestError.body()`` is the OpenAI-shaped JSON error; ``status`` is the HTTP status,
+  ``code`` the machine-readable reason (also the ``reason`` label of the request counter) and
+  ``retry_after`` the seconds a 503 asks a client to wait; ``counted`` says whether the request
+  counter already holds the request (it failed after admission).
 - ``stop_scan(text, stops)`` says how much generated text is safe to emit.
 
 Everything here is pure: it knows nothing about HTTP, threads, the scheduler or how a build
@@ -16,25 +24,28 @@ computes. It needs of a tokenizer only ``TextTokenizer``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "MAX_STOP_SEQUENCES",
     "CompletionParams",
+    "CompletionRequest",
     "RequestError",
+    "StreamOptions",
     "TextTokenizer",
-    "json_object",
+    "parse_body",
     "parse_completion_request",
     "stop_scan",
 ]
 
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP_SEQUENCES = 4
-_IGNORED_SAMPLING = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "seed", "user")
 
 
 class TextTokenizer(Protocol):
@@ -45,18 +56,57 @@ class TextTokenizer(Protocol):
 
 
 class RequestError(Exception):
-    """A request the server refuses: HTTP status, one sentence, and the offending field."""
+    """A request the server refuses: HTTP status, one sentence, the offending field and a reason code."""
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        retry_after: int | None = None,
+        counted: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.code = code
+        self.retry_after = retry_after
+        self.counted = counted
+        """Whether the request counter already holds this request (it failed after admission)."""
+
+    @property
+    def reason(self) -> str:
+        """The ``reason`` label this refusal is counted under."""
+        return self.code or ("invalid_request" if self.status < 500 else "server_error")
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: only ``include_usage`` is defined."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """The body of ``POST /v1/completions`` as OpenAI defines it (the fields this engine reads)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # sampling fields are accepted and ignored
+    model: str | None = None
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    logprobs: int | None = None
+    echo: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,19 +121,44 @@ class CompletionParams:
     model: str
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# What a wrong type in each field means, in words (pydantic's own phrasing names Python types).
+_FIELD_WORDS = {
+    "model": "model must be a string naming a served model",
+    "prompt": "prompt must be a string or a list of integer token ids",
+    "max_tokens": "max_tokens must be a positive integer",
+    "stop": f"stop must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
+    "stream": "stream must be true or false",
+    "stream_options": 'stream_options must be an object like {"include_usage": true}',
+    "n": "n must be 1 (one completion per request)",
+    "logprobs": "logprobs is not supported by this engine; leave it out",
+    "echo": "echo is not supported by this engine; leave it out or set it to false",
+}
+
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
-def json_object(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; ``RequestError`` (a 400) when it is not one."""
+def _refusal(error: ErrorDetails, words: dict[str, str]) -> RequestError:
+    """One pydantic error as a ``RequestError`` naming the top-level field."""
+    loc = error["loc"]
+    if error["type"] == "json_invalid":
+        detail = str((error.get("ctx") or {}).get("error", error["msg"]))
+        return RequestError(f"the request body is not valid JSON ({detail}).", code="invalid_json")
+    if not loc:
+        return RequestError("the request body must be a JSON object.", code="invalid_json")
+    field = str(loc[0])
+    text = words.get(field, f"{field} is not valid ({error['msg'].lower()})")
+    return RequestError(f"{text}.", param=field)
+
+
+def parse_body(model: type[_Body], body: bytes, words: dict[str, str] | None = None) -> _Body:
+    """``body`` validated into ``model``; ``RequestError`` (a 400 naming the first bad field) if not.
+
+    ``words`` maps a field name to the sentence (without its full stop) that says what it must be.
+    """
     try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON ({exc}).") from None
-    if not isinstance(doc, dict):
-        raise RequestError("the request body must be a JSON object.")
-    return doc
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise _refusal(exc.errors()[0], words or {}) from None
 
 
 def parse_completion_request(
@@ -95,16 +170,16 @@ def parse_completion_request(
     model_names: Sequence[str],
 ) -> CompletionParams:
     """Validate an OpenAI ``/v1/completions`` body; raise ``RequestError`` naming the bad field."""
-    doc = json_object(body)
-    model = doc.get("model", model_names[0])
-    if not isinstance(model, str) or model not in model_names:
+    req = parse_body(CompletionRequest, body, _FIELD_WORDS)
+    model = req.model if req.model is not None else model_names[0]
+    if model not in model_names:
         raise RequestError(
-            f"the model {model!r} is not served here; use one of: {', '.join(model_names)}.",
+            f"the model {model[:100]!r} is not served here; use one of: {', '.join(model_names)}.",
             param="model",
             status=404,
             code="model_not_found",
         )
-    prompt_ids = _prompt_ids(doc, tokenizer, vocab_size)
+    prompt_ids = _prompt_ids(req.prompt, tokenizer, vocab_size)
     if len(prompt_ids) >= max_seq_len:
         raise RequestError(
             f"the prompt has {len(prompt_ids)} tokens but this engine holds at most {max_seq_len} tokens per "
@@ -112,81 +187,55 @@ def parse_completion_request(
             param="prompt",
             code="context_length_exceeded",
         )
-    max_tokens = doc.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
+    max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     room = max_seq_len - len(prompt_ids)
-    if not _is_int(max_tokens) or not 1 <= max_tokens <= room:
+    if not 1 <= max_tokens <= room:
         raise RequestError(
             f"max_tokens must be an integer from 1 to {room} for this prompt ({len(prompt_ids)} prompt tokens, "
-            f"{max_seq_len} tokens per sequence), got {max_tokens!r}.",
+            f"{max_seq_len} tokens per sequence), got {max_tokens}.",
             param="max_tokens",
         )
-    stop = _stop_strings(doc.get("stop"))
-    stream = doc.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"stream must be true or false, got {stream!r}.", param="stream")
-    include_usage = False
-    options = doc.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-            raise RequestError(
-                'stream_options must be an object like {"include_usage": true}.', param="stream_options"
-            )
-        include_usage = bool(options.get("include_usage", False))
-    n = doc.get("n", 1)
-    if n != 1 or not _is_int(n):
-        raise RequestError(f"n must be 1 (one completion per request), got {n!r}.", param="n")
-    if doc.get("logprobs") not in (None, 0):
-        raise RequestError("logprobs is not supported by this engine; leave it out.", param="logprobs")
-    if doc.get("echo", False) is not False:
-        raise RequestError(
-            "echo is not supported by this engine; leave it out or set it to false.", param="echo"
-        )
-    return CompletionParams(tuple(prompt_ids), int(max_tokens), stop, stream, include_usage, model)
+    stop = _stop_strings(req.stop)
+    if req.n != 1:
+        raise RequestError(f"{_FIELD_WORDS['n']}, got {req.n}.", param="n")
+    if req.logprobs not in (None, 0):
+        raise RequestError(f"{_FIELD_WORDS['logprobs']}.", param="logprobs")
+    if req.echo:
+        raise RequestError(f"{_FIELD_WORDS['echo']}.", param="echo")
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    return CompletionParams(tuple(prompt_ids), max_tokens, stop, req.stream, include_usage, model)
 
 
-def _prompt_ids(doc: dict[str, Any], tokenizer: TextTokenizer, vocab_size: int) -> list[int]:
-    if "prompt" not in doc or doc["prompt"] is None:
+def _prompt_ids(prompt: Any, tokenizer: TextTokenizer, vocab_size: int) -> list[int]:
+    if prompt is None:
         raise RequestError("prompt is required: a string or a list of token ids.", param="prompt")
-    prompt = doc["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        raise RequestError(
+            "prompt must be a single prompt; batches of several prompts are not supported.", param="prompt"
+        )
     if isinstance(prompt, str):
         ids = list(tokenizer.encode(prompt))
-    elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+    else:
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
             raise RequestError(
                 f"prompt token ids must be from 0 to {vocab_size - 1}, got {bad[0]}.", param="prompt"
             )
         ids = list(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        raise RequestError(
-            "prompt must be a single prompt; batches of several prompts are not supported.", param="prompt"
-        )
-    else:
-        raise RequestError("prompt must be a string or a list of integer token ids.", param="prompt")
     if not ids:
         raise RequestError("prompt must not be empty.", param="prompt")
     return ids
 
 
-def _stop_strings(stop: Any) -> tuple[str, ...]:
+def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if (
-        not isinstance(stop, list)
-        or len(stop) > MAX_STOP_SEQUENCES
-        or not all(isinstance(s, str) and s for s in stop)
-    ):
-        raise RequestError(
-            f"stop must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings.",
-            param="stop",
-        )
-    return tuple(stop)
+    stops = [stop] if isinstance(stop, str) else stop
+    if len(stops) > MAX_STOP_SEQUENCES or not all(stops):
+        raise RequestError(f"{_FIELD_WORDS['stop']}.", param="stop")
+    return tuple(stops)
 
 
 def stop_scan(text: str, stops: Sequence[str]) -> tuple[int, bool]:

@@ -1,39 +1,73 @@
-"""The engine's HTTP server: OpenAI-compatible completions over one hot path, plus probes and metrics.
+"""The engine's HTTP server (aiohttp): OpenAI-compatible completions over one hot path, probes, metrics.
 
 Contract:
-- ``make_server(service, host, port, admin=None)`` binds a ``ThreadingHTTPServer`` with routes
-  ``POST /v1/completions`` (plain and SSE streaming ending ``data: [DONE]``), ``GET /v1/models``,
-  ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``. Paths under ``/admin/`` are answered
-  by ``admin`` (sandbox mode) and are 404 when it is None (serve mode).
-- Requests are parsed by ``polymorph_engine.serving.openai_api``; bad requests get its OpenAI-shaped
-  JSON error naming the field (``param``). Completions run through a ``CompletionService``
-  (``polymorph_engine.serving.service``); HTTP threads never touch the scheduler.
+- ``EngineServer(host, port)`` binds and listens at once (backlog ``BACKLOG``), so a taken or
+  forbidden port is an ``OSError`` before any model loads; ``start()`` then serves on a
+  background event-loop thread and ``close()`` stops it, letting answers in progress end.
+  ``make_server(service, host, port, admin=None)`` does both steps but ``start()``.
+- Routes: ``POST /v1/completions`` (plain JSON, or SSE through aiohttp's ``StreamResponse``
+  ending ``data: [DONE]``), ``GET /v1/models``, ``GET /healthz``, ``GET /readyz`` and
+  ``GET /metrics``. Paths under ``/admin/`` are answered by ``admin`` (sandbox mode, called
+  on a worker thread since an experiment takes seconds) and are 404 when it is None.
+- Bodies: at most ``MAX_COMPLETION_BODY`` bytes for completions (``MAX_ADMIN_BODY`` for admin
+  calls, which carry build archives), read within ``BODY_TIMEOUT_S``; larger is 413, slower
+  is 408, a body cut short of its Content-Length is 400. Bodies are pydantic models
+  (``polymorph_engine.serving.openai_api``), so depth and number size are bounded too, and
+  every refusal is the OpenAI-shaped JSON error naming the field (``param``).
+- Load: ``CompletionService`` admits a bounded number of requests; beyond it the answer is
+  503 with ``Retry-After``, never a reset or a wait without bound. Every completion request
+  answered with an error is counted in ``polymorph_requests_total`` by status and reason.
+  A client that goes away cancels its request (aiohttp's handler cancellation).
+
+Why aiohttp: kopf already depends on it, so the engine image gains no package; it is a
+well-kept asyncio server with a C HTTP parser, bounded request reading and a streaming
+response, which is what the OpenAI-compatible engines need of uvicorn + Starlette.
 
 It only gathers inputs, calls the service and writes responses. It knows nothing about how a
-build computes, where weights come from or how a build was fetched: ``server_cli`` assembles
+build computes, where weights come from or how a build was fetched: ``serving.cli`` assembles
 those and hands in a ready service.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.client_exceptions import ClientPayloadError
+from aiohttp.http_exceptions import HttpProcessingError
 
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, parse_completion_request
-from polymorph_engine.serving.service import CompletionService, Outcome, generate
+from polymorph_engine.serving.service import Completion, CompletionService
 
-__all__ = ["AdminRoutes", "EngineHTTPServer", "make_server"]
+__all__ = [
+    "BACKLOG",
+    "BODY_TIMEOUT_S",
+    "MAX_ADMIN_BODY",
+    "MAX_COMPLETION_BODY",
+    "AdminRoutes",
+    "EngineServer",
+    "bind",
+    "make_app",
+    "make_server",
+]
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # admin calls carry build archives
+log = logging.getLogger("polymorph_engine.serving")
 
-
-# --- HTTP ------------------------------------------------------------------------------------
+MAX_COMPLETION_BODY = 4 * 1024 * 1024
+MAX_ADMIN_BODY = 64 * 1024 * 1024  # admin calls carry build archives
+BODY_TIMEOUT_S = 30.0
+BACKLOG = 2048
+"""Pending connections the kernel queues before accept: far above any burst a pod sees."""
 
 
 class AdminRoutes(Protocol):
@@ -46,194 +80,125 @@ class AdminRoutes(Protocol):
     def ready(self) -> bool: ...
 
 
-class EngineHTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server holding the completion service and, in sandbox mode, admin routes."""
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(doc), content_type="application/json", headers=headers)
 
-    daemon_threads = True
-    allow_reuse_address = True
 
-    def __init__(
-        self, address: tuple[str, int], service: CompletionService | None, admin: AdminRoutes | None
-    ) -> None:
-        super().__init__(address, _Handler)
-        self.service = service
-        self.admin = admin
-        self._thread: threading.Thread | None = None
-        self._active = 0
-        self._active_lock = threading.Condition()
+def _error(err: RequestError) -> web.Response:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return _json(err.status, err.body(), headers)
 
-    def handler_started(self) -> None:
-        with self._active_lock:
-            self._active += 1
 
-    def handler_finished(self) -> None:
-        with self._active_lock:
-            self._active -= 1
-            self._active_lock.notify_all()
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no request is being answered (e.g. a stream writing its last events)."""
-        with self._active_lock:
-            return self._active_lock.wait_for(lambda: self._active == 0, timeout=timeout_s)
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self.server_address[0]
-        return f"http://{host.decode() if isinstance(host, bytes) else host}:{self.port}"
-
-    def start(self) -> threading.Thread:
-        """Serve in a background thread (tests, and callers that own the main thread)."""
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="polymorph-http", daemon=True
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes, within ``BODY_TIMEOUT_S``; ``RequestError`` otherwise."""
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestError(
+            f"the request body is larger than {limit} bytes.", status=413, code="body_too_large"
         )
-        self._thread.start()
-        return self._thread
+    chunks: list[bytes] = []
+    size = 0
 
-    def close(self) -> None:
-        """Stop serving and release the socket (the service is closed by its owner)."""
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join(timeout=10)
-        self.server_close()
+    async def read() -> None:
+        nonlocal size
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(
+                    f"the request body is larger than {limit} bytes.", status=413, code="body_too_large"
+                )
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout=BODY_TIMEOUT_S)
+    except TimeoutError:
+        raise RequestError(
+            f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s.", status=408, code="body_timeout"
+        ) from None
+    except (ClientPayloadError, HttpProcessingError):
+        raise RequestError(
+            "the request body ended before its Content-Length; send the whole body.", code="body_incomplete"
+        ) from None
+    return b"".join(chunks)
 
 
-def make_server(
-    service: CompletionService | None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    admin: AdminRoutes | None = None,
-) -> EngineHTTPServer:
-    """Bind the engine's HTTP server; call ``serve_forever()`` or ``start()`` on the result."""
-    return EngineHTTPServer((host, port), service, admin)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: EngineHTTPServer
-    body: bytes = b""
-    protocol_version = "HTTP/1.1"
-    server_version = "polymorph-engine"
-    timeout = 300  # idle keep-alive connections are dropped after this many seconds
+def make_app(service: CompletionService | None, admin: AdminRoutes | None = None) -> web.Application:
+    """The aiohttp application: routes, body limits and the OpenAI error shape for every refusal."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # access logs would drown the engine's own; metrics cover traffic
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, doc: Any) -> None:
-        self._send(status, json.dumps(doc).encode())
-
-    def _error(self, err: RequestError) -> None:
-        self._json(err.status, err.body())
-
-    def _read_body(self) -> bytes:
-        """The whole request body, read before any answer so a kept-alive connection stays in sync."""
-        length = self.headers.get("Content-Length")
-        if length is None and self.command != "POST":
-            return b""
-        if length is None or not length.isdigit():
-            self.close_connection = True  # we cannot tell where this body ends
-            raise RequestError(
-                "the request needs a Content-Length header (chunked bodies are not supported).", status=411
-            )
-        if int(length) > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes.", status=413)
-        return self.rfile.read(int(length))
-
-    def _not_found(self) -> None:
-        self._error(
-            RequestError(
-                f"there is no endpoint {self.command} {self.path} here.", status=404, code="not_found"
-            )
-        )
-
-    # -- routes -----------------------------------------------------------------------------
-
-    def do_GET(self) -> None:
-        self._route("GET")
-
-    def do_POST(self) -> None:
-        self._route("POST")
-
-    def _route(self, method: str) -> None:
-        path = self.path.split("?", 1)[0]
-        routes: dict[tuple[str, str], Callable[[], None]] = {
-            ("GET", "/healthz"): lambda: self._json(200, {"status": "ok"}),
-            ("GET", "/readyz"): self._readyz,
-            ("GET", "/metrics"): self._metrics,
-            ("GET", "/v1/models"): self._models,
-            ("POST", "/v1/completions"): self._completions,
-        }
-        self.server.handler_started()
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            self.body = self._read_body()
-            if path.startswith("/admin/") and self.server.admin is not None:
-                status, doc = self.server.admin.handle(method, path, self.body)
-                self._json(status, doc)
-            elif (method, path) in routes:
-                routes[(method, path)]()
-            elif any(p == path for _, p in routes):
-                self._error(RequestError(f"{path} does not accept {method}.", status=405))
-            else:
-                self._not_found()
+            return await handler(request)
         except RequestError as err:
-            self._error(err)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-        finally:
-            self.server.handler_finished()
+            if request.path == "/v1/completions" and service is not None and not err.counted:
+                service.metrics.request_refused(err.status, err.reason)
+            return _error(err)
+        except web.HTTPNotFound:
+            return _error(
+                RequestError(
+                    f"there is no endpoint {request.method} {request.path} here.",
+                    status=404,
+                    code="not_found",
+                )
+            )
+        except web.HTTPMethodNotAllowed:
+            return _error(RequestError(f"{request.path} does not accept {request.method}.", status=405))
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # an engine bug: one line in the log, an OpenAI-shaped 500 to the client
+            log.error("%s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
+            bug = RequestError(f"the engine failed: {type(exc).__name__}: {exc}", status=500, code="internal")
+            if request.path == "/v1/completions" and service is not None:
+                service.metrics.request_refused(bug.status, bug.reason)
+            return _error(bug)
 
-    def _service(self) -> CompletionService:
-        if self.server.service is None:
+    def the_service() -> CompletionService:
+        if service is None:
             raise RequestError(
                 "this engine serves no model (sandbox admin only).", status=404, code="not_found"
             )
-        return self.server.service
+        return service
 
-    def _readyz(self) -> None:
-        service, admin = self.server.service, self.server.admin
+    async def healthz(_: web.Request) -> web.Response:
+        return _json(200, {"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
         ready = (service is None or service.ready) and (admin is None or admin.ready())
         body: dict[str, Any] = {"status": "ready" if ready else "not ready"}
         if service is not None:
             body["build"] = service.build_id
-        self._json(200 if ready else 503, body)
+        return _json(200 if ready else 503, body)
 
-    def _metrics(self) -> None:
-        self._send(200, self._service().metrics.render(), CONTENT_TYPE_LATEST)
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=the_service().metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
-    def _models(self) -> None:
-        service = self._service()
+    async def models(_: web.Request) -> web.Response:
+        svc = the_service()
         data = [
             {
                 "id": name,
                 "object": "model",
-                "created": service.created,
+                "created": svc.created,
                 "owned_by": "polymorph",
-                "build": service.build_id,
+                "build": svc.build_id,
             }
-            for name in service.model_names
+            for name in svc.model_names
         ]
-        self._json(200, {"object": "list", "data": data})
+        return _json(200, {"object": "list", "data": data})
 
-    def _completions(self) -> None:
-        service = self._service()
+    async def completions(request: web.Request) -> web.StreamResponse:
+        svc = the_service()
+        body = await _read_body(request, MAX_COMPLETION_BODY)
         params = parse_completion_request(
-            self.body,
-            tokenizer=service.tokenizer,
-            vocab_size=service.vocab_size,
-            max_seq_len=service.max_seq_len,
-            model_names=service.model_names,
+            body,
+            tokenizer=svc.tokenizer,
+            vocab_size=svc.vocab_size,
+            max_seq_len=svc.max_seq_len,
+            model_names=svc.model_names,
         )
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -241,57 +206,163 @@ class _Handler(BaseHTTPRequestHandler):
             "created": int(time.time()),
             "model": params.model,
         }
-        outcome = Outcome()
+        completion = Completion(svc, params)  # admission: a refusal raises before any answer starts
         if params.stream:
-            self._stream(service, params, head, outcome)
-            return
-        text = "".join(generate(service, params, outcome))
-        usage = _usage(params, outcome)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": outcome.finish_reason}
-        self._json(200, {**head, "choices": [choice], "usage": usage})
+            return await _stream(request, completion, head)
+        async with contextlib.aclosing(completion.deltas()) as deltas:
+            text = "".join([d async for d in deltas])
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": completion.finish_reason}
+        return _json(200, {**head, "choices": [choice], "usage": _usage(params, completion)})
 
-    def _stream(
-        self, service: CompletionService, params: CompletionParams, head: dict[str, Any], outcome: Outcome
-    ) -> None:
-        if not service.ready:  # refuse while a status line can still say so
-            raise RequestError("the engine is shutting down; retry on another replica.", status=503)
-        deltas = generate(service, params, outcome)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+    async def admin_call(request: web.Request) -> web.Response:
+        if admin is None:
+            raise web.HTTPNotFound()
+        body = await _read_body(request, MAX_ADMIN_BODY)
+        status, doc = await asyncio.to_thread(admin.handle, request.method, request.path, body)
+        return _json(status, doc)
+
+    app = web.Application(middlewares=[errors], client_max_size=MAX_ADMIN_BODY)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_route("*", "/admin/{tail:.*}", admin_call)
+    return app
+
+
+async def _stream(request: web.Request, completion: Completion, head: dict[str, Any]) -> web.StreamResponse:
+    """SSE: one event per text delta, the finish reason, usage when asked, then ``[DONE]``."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        return await _events(response, completion, head)
+    except ConnectionError:  # the client went away mid-stream; its request is cancelled
+        return response
+
+
+async def _events(
+    response: web.StreamResponse, completion: Completion, head: dict[str, Any]
+) -> web.StreamResponse:
+    async def event(doc: Any) -> None:
+        await response.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+
+    async with contextlib.aclosing(completion.deltas()) as deltas:
         try:
-            for delta in deltas:
-                self._event(
-                    {
-                        **head,
-                        "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": None}],
-                    }
-                )
-            last = {"index": 0, "text": "", "logprobs": None, "finish_reason": outcome.finish_reason}
-            self._event({**head, "choices": [last]})
-            if params.include_usage:
-                self._event({**head, "choices": [], "usage": _usage(params, outcome)})
+            async for delta in deltas:
+                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None}
+                await event({**head, "choices": [choice]})
+            last = {"index": 0, "text": "", "logprobs": None, "finish_reason": completion.finish_reason}
+            await event({**head, "choices": [last]})
+            if completion.params.include_usage:
+                await event({**head, "choices": [], "usage": _usage(completion.params, completion)})
         except RequestError as err:  # the status line is gone; report in-band, as OpenAI does
-            self._event(err.body())
-        finally:
-            deltas.close()  # cancels the request if the client went away mid-stream
-        self._chunk(b"data: [DONE]\n\n")
-        self._chunk(b"")
-
-    def _event(self, doc: Any) -> None:
-        self._chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
+            await event(err.body())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
-def _usage(params: CompletionParams, outcome: Outcome) -> dict[str, int]:
+def _usage(params: CompletionParams, completion: Completion) -> dict[str, int]:
     prompt = len(params.prompt_ids)
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": outcome.completion_tokens,
-        "total_tokens": prompt + outcome.completion_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": prompt + completion.completion_tokens,
     }
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``OSError`` when it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class EngineServer:
+    """The aiohttp application on a socket bound at construction, served on its own loop thread."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        service: CompletionService | None = None,
+        admin: AdminRoutes | None = None,
+    ) -> None:
+        self._sock = bind(host, port)
+        self.service = service
+        self.admin = admin
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = self._sock.getsockname()[0]
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def start(self, grace_s: float = 30.0) -> None:
+        """Serve on a background thread; returns once requests are being accepted."""
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        async def setup() -> None:
+            runner = web.AppRunner(
+                make_app(self.service, self.admin), handler_cancellation=True, access_log=None
+            )
+            await runner.setup()
+            await web.SockSite(runner, self._sock, shutdown_timeout=grace_s, backlog=BACKLOG).start()
+            self._runner = runner
+
+        def main() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(setup())
+            except BaseException as exc:
+                failure.append(exc)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=main, name="polymorph-http", daemon=True)
+        self._thread.start()
+        started.wait()
+        if failure:
+            raise failure[0]
+
+    def close(self) -> None:
+        """Stop accepting, let answers in progress end (up to ``grace_s`` of ``start``), release the socket."""
+        loop, runner = self._loop, self._runner
+        if loop is not None and runner is not None and self._thread is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=120)
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(timeout=10)
+            loop.close()
+        self._loop = self._runner = self._thread = None
+        self._sock.close()
+
+
+def make_server(
+    service: CompletionService | None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    admin: AdminRoutes | None = None,
+) -> EngineServer:
+    """Bind the engine's HTTP server; call ``start()`` on the result."""
+    return EngineServer(host, port, service, admin)

@@ -1,15 +1,26 @@
-"""The engine thread: one ``Scheduler`` over one hot path, and one completion as an HTTP thread sees it.
+"""The engine thread: one ``Scheduler`` over one hot path, admission control, and one completion as
+an async HTTP handler sees it.
 
 Contract:
 - ``CompletionService`` owns one ``Scheduler`` over a ``HotPath`` and a single background
   thread that drives it (continuous batching: requests join and leave the running batch
-  between decode steps). Callers never touch the scheduler; they hand ``_Job``s to the
-  driver through a queue and read tokens back from a per-job queue.
-- ``generate(service, params, outcome)`` yields the text deltas of one completion (stop
-  strings applied), fills ``outcome`` (completion tokens, finish reason) and records the
+  between decode steps). Callers never touch the scheduler; they hand jobs to the driver
+  through a queue and receive events through the job's sink.
+- Admission control: at most ``max_batch + max_queue`` requests are admitted (running or
+  queued) at once. ``submit`` refuses the next one at once with a 503 ``RequestError``
+  (``code="overloaded"``, ``retry_after`` seconds), and with ``shutting_down`` once
+  ``close`` began: a request is never left waiting without bound.
+- Failure isolation: when a build raises while prefilling one request, that request alone
+  fails (``build_failed``); the rest of the batch goes on. When a batched decode step raises,
+  every request in that batch fails with a message saying the whole batch failed
+  (``batch_failed``), the failure is logged once with the build id, requests still waiting
+  are kept, and the engine stays ready on a fresh scheduler over the same build.
+- ``Completion(service, params)`` admits one request (raising the refusal above) and
+  ``Completion.deltas()`` yields its text deltas (stop strings applied) on the asyncio loop
+  that admitted it, fills ``finish_reason`` and ``completion_tokens``, and records the
   request in the metrics (``polymorph_engine.serving.metrics``) and the traffic trace
-  (``polymorph_engine.serving.trace``); the trace keeps lengths and timing, never content. Closing
-  it early cancels the request.
+  (``polymorph_engine.serving.trace``); the trace keeps lengths and timing, never content.
+  Closing the iterator early, or cancelling the task awaiting it, cancels the request.
 
 It knows nothing about HTTP, JSON or response shapes (``server`` owns those), nor about how a
 build computes, where weights come from or how a build was fetched.
@@ -17,20 +28,32 @@ build computes, where weights come from or how a build was fetched.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import queue
 import threading
 import time
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
+
+import torch
 
 from polymorph_engine.runtime.scheduler import Request, Scheduler
 from polymorph_engine.serving.metrics import RequestObservation, ServerMetrics
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, TextTokenizer, stop_scan
 from polymorph_engine.serving.trace import TraceSampler
 
-__all__ = ["CompletionService", "Outcome", "generate"]
+__all__ = ["DEFAULT_MAX_QUEUE", "RETRY_AFTER_S", "Completion", "CompletionService"]
+
+log = logging.getLogger("polymorph_engine.serving")
+
+DEFAULT_MAX_QUEUE = 64
+"""Requests admitted beyond the running batch, waiting for a slot."""
+RETRY_AFTER_S = 1
+"""What a 503 asks a client to wait before retrying."""
 
 
 # --- the engine thread -----------------------------------------------------------------------
@@ -51,15 +74,17 @@ class _Finished:
 @dataclass(frozen=True)
 class _Failed:
     message: str
+    reason: str  # the reason label the request is counted under
 
 
 _Event = _Token | _Finished | _Failed
+Sink = Callable[[_Event], None]
 
 
 @dataclass(eq=False)
 class _Job:
-    request: Any  # scheduler.Request
-    events: queue.Queue[_Event] = field(default_factory=queue.Queue)
+    request: Request
+    sink: Sink
 
 
 @dataclass(frozen=True)
@@ -69,14 +94,56 @@ class _Swap:
     done: threading.Event
 
 
+class _Guarded:
+    """A hot path whose ``prefill`` failures are recorded per slot instead of raised.
+
+    A failed prefill returns placeholder logits [V] so the scheduler's step carries on for the
+    other requests; the service then fails the request in that slot alone.
+    """
+
+    def __init__(self, inner: Any, vocab_size: int) -> None:
+        self.inner = inner
+        self.vocab_size = vocab_size
+        self.failed: dict[int, Exception] = {}
+
+    def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
+        return self.inner.new_cache(max_batch, max_seq_len)
+
+    def prefill(self, cache: Any, slot: int, tokens: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.inner.prefill(cache, slot, tokens)
+        except Exception as exc:
+            self.failed[slot] = exc
+            return torch.zeros(self.vocab_size, dtype=torch.float32, device=tokens.device)  # [V]
+
+    def decode(self, cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.inner.decode(cache, slots, tokens)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.inner.sample(logits)
+
+    def free(self, cache: Any, slot: int) -> None:
+        self.inner.free(cache, slot)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _where(exc: BaseException) -> str:
+    """``file.py:line`` of the innermost frame of ``exc`` (for a one-line log)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+
+
 class CompletionService:
     """One scheduler over one hot path, driven by one background thread (continuous batching).
 
-    ``submit(prompt_ids, max_tokens)`` returns a job whose event queue yields ``_Token``s, then
-    one ``_Finished`` (or a ``_Failed`` if the hot path raised). ``cancel(job)`` stops a job
-    early (stop string hit, client gone). ``swap(hotpath, build_id)`` waits for the running
-    batch to drain, then serves later requests with the new hot path. ``close()`` stops
-    admitting, lets running requests finish for up to ``grace_s``, then stops the thread.
+    ``submit(prompt_ids, max_tokens, sink)`` admits a job (or raises a 503 ``RequestError``);
+    its sink receives ``_Token``s, then one ``_Finished`` or ``_Failed``, from the engine
+    thread. ``cancel(job)`` stops a job early (stop string hit, client gone).
+    ``swap(hotpath, build_id)`` waits for the running batch to drain, then serves later
+    requests with the new hot path. ``close()`` stops admitting, lets admitted requests finish
+    for up to ``grace_s``, fails the rest, then stops the thread.
     """
 
     def __init__(
@@ -93,13 +160,16 @@ class CompletionService:
         metrics: ServerMetrics,
         trace: TraceSampler | None = None,
         device: str = "cpu",
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
-        self._scheduler_cls = Scheduler
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_id = eos_id
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
+        self.max_queue = max_queue
         self.model_names = tuple(model_names)
         self.metrics = metrics
         self.trace = trace
@@ -109,15 +179,21 @@ class CompletionService:
         self.peak_batch = 0
         """The most requests ever decoded in one step: evidence of continuous batching."""
         self.steps = 0
-        self._hotpath = hotpath
-        self._scheduler = Scheduler(hotpath, max_batch, max_seq_len, eos_id, device=device)
+        self._hotpath = _Guarded(hotpath, vocab_size)
+        self._scheduler = self._new_scheduler()
         self._inbox: queue.Queue[_Job | _Swap | None] = queue.Queue()
-        self._jobs: dict[Any, _Job] = {}
+        self._jobs: dict[Request, _Job] = {}  # in the scheduler (waiting or running)
+        self._live: set[_Job] = set()  # admitted and not yet given their last event
         self._accepting = True
         self._stopping = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._thread = threading.Thread(target=self._run, name="polymorph-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def capacity(self) -> int:
+        """How many requests may be admitted at once (running plus queued)."""
+        return self.max_batch + self.max_queue
 
     @property
     def ready(self) -> bool:
@@ -130,13 +206,30 @@ class CompletionService:
 
     @property
     def in_flight(self) -> int:
+        """Admitted requests that have not had their last event yet."""
         with self._lock:
-            return len(self._jobs)
+            return len(self._live)
 
-    def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> _Job:
-        if not self.ready:
-            raise RequestError("the engine is shutting down; retry on another replica.", status=503)
-        job = _Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens))
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int, sink: Sink) -> _Job:
+        """Admit one request, or raise a 503 ``RequestError`` at once (see the module contract)."""
+        with self._lock:
+            if not self.ready:
+                raise RequestError(
+                    "the engine is shutting down; retry on another replica.",
+                    status=503,
+                    code="shutting_down",
+                    retry_after=RETRY_AFTER_S,
+                )
+            if len(self._live) >= self.capacity:
+                raise RequestError(
+                    f"the engine is at capacity ({self.capacity} requests running or queued); "
+                    f"retry after {RETRY_AFTER_S} s.",
+                    status=503,
+                    code="overloaded",
+                    retry_after=RETRY_AFTER_S,
+                )
+            job = _Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens), sink)
+            self._live.add(job)
         self._inbox.put(job)
         return job
 
@@ -145,7 +238,7 @@ class CompletionService:
 
     def swap(self, hotpath: Any, build_id: str, timeout_s: float = 600.0) -> Any:
         """Serve later requests with ``hotpath``; returns the previous hot path (the caller closes it)."""
-        previous = self._hotpath
+        previous = self._hotpath.inner
         swap = _Swap(hotpath, build_id, threading.Event())
         self._inbox.put(swap)
         if not swap.done.wait(timeout_s):
@@ -153,25 +246,35 @@ class CompletionService:
         return previous
 
     def close(self, grace_s: float = 30.0) -> None:
-        """Stop admitting requests, let running ones finish (up to ``grace_s``), stop the thread."""
+        """Stop admitting requests, let admitted ones finish (up to ``grace_s``), stop the thread."""
         self._accepting = False
         deadline = time.monotonic() + grace_s
-        while self.in_flight and time.monotonic() < deadline:
+        while self.in_flight and time.monotonic() < deadline and self.alive:
             time.sleep(0.01)
         self._stopping = True
         self._inbox.put(None)
         self._thread.join(timeout=10)
-        for job in self._take_all_jobs():
-            job.events.put(_Failed("the engine shut down before this request finished."))
+        with self._lock:
+            left = list(self._live)
+            self._jobs.clear()
+        for job in left:
+            self._deliver(job, _Failed("the engine shut down before this request finished.", "shutting_down"))
         self._scheduler.close()
 
     # -- engine thread only -----------------------------------------------------------------
 
-    def _take_all_jobs(self) -> list[_Job]:
-        with self._lock:
-            jobs = list(self._jobs.values())
-            self._jobs.clear()
-        return jobs
+    def _new_scheduler(self) -> Scheduler:
+        return Scheduler(self._hotpath, self.max_batch, self.max_seq_len, self.eos_id, device=self.device)
+
+    def _deliver(self, job: _Job, event: _Event) -> None:
+        """Hand ``event`` to ``job``'s sink; a last event also releases its admission slot."""
+        if not isinstance(event, _Token):
+            with self._lock:
+                self._live.discard(job)
+        try:
+            job.sink(event)
+        except Exception as exc:  # a consumer gone (its loop closed) must not stop the engine
+            log.debug("dropped an event for a request whose consumer is gone: %s", exc)
 
     def _admit(self, item: _Job | _Swap | None, pending: list[_Swap]) -> None:
         if isinstance(item, _Swap):
@@ -180,7 +283,7 @@ class CompletionService:
             try:
                 self._scheduler.add(item.request)
             except ValueError as exc:  # validated upstream; never let one request stop the thread
-                item.events.put(_Failed(f"the scheduler refused the request: {exc}"))
+                self._deliver(item, _Failed(f"the scheduler refused the request: {exc}", "build_failed"))
                 return
             with self._lock:
                 self._jobs[item.request] = item
@@ -213,122 +316,171 @@ class CompletionService:
             if self._scheduler.has_work():
                 self._step()
             self._sweep(time.monotonic())
-        for job in held:
-            job.events.put(_Failed("the engine shut down before this request started."))
 
     def _do_swap(self, swap: _Swap) -> None:
         self._scheduler.close()
-        self._scheduler = self._scheduler_cls(
-            swap.hotpath, self.max_batch, self.max_seq_len, self.eos_id, device=self.device
-        )
-        self._hotpath = swap.hotpath
+        self._hotpath = _Guarded(swap.hotpath, self.vocab_size)
+        self._scheduler = self._new_scheduler()
         self.build_id = swap.build_id
         self.metrics.set_build(swap.build_id)
         swap.done.set()
 
     def _step(self) -> None:
+        with self._lock:
+            fresh = [j for j in self._jobs.values() if not j.request.output and not j.request.done]
         try:
             batch = self._scheduler.num_running
             events = self._scheduler.step()
-        except Exception as exc:  # a build bug must fail its requests, not kill the server
-            message = f"the build failed while generating: {type(exc).__name__}: {exc}"
-            for job in self._take_all_jobs():
-                job.events.put(_Failed(message))
-            self._scheduler.close()
-            self._scheduler = self._scheduler_cls(
-                self._hotpath, self.max_batch, self.max_seq_len, self.eos_id, device=self.device
-            )
+        except Exception as exc:  # a build bug must fail its batch, not kill the server
+            self._batch_failed(exc)
             return
+        for slot, failure in self._hotpath.failed.items():
+            job = next((j for j in fresh if j.request.slot == slot), None)
+            if job is None:
+                continue
+            with self._lock:
+                self._jobs.pop(job.request, None)
+            self._scheduler.cancel(job.request)
+            log.warning(
+                "build %s failed while prefilling request %s (%d prompt tokens): %s: %s%s",
+                self.build_id,
+                job.request.id,
+                len(job.request.prompt),
+                type(failure).__name__,
+                failure,
+                _where(failure),
+            )
+            message = f"the build failed on this request's prompt: {type(failure).__name__}: {failure}"
+            self._deliver(job, _Failed(message, "build_failed"))
+        self._hotpath.failed.clear()
         self.steps += 1
         self.peak_batch = max(self.peak_batch, batch)
         self.metrics.observe_batch(batch)
         now = time.monotonic()
         with self._lock:
-            for request, token in events:
-                target = self._jobs.get(request)
-                if target is not None:
-                    target.events.put(_Token(token, now))
+            targets = [(self._jobs.get(request), token) for request, token in events]
+        for target, token in targets:
+            if target is not None:
+                target.sink(_Token(token, now))
+
+    def _batch_failed(self, exc: Exception) -> None:
+        """Fail every request of the batch that raised; keep the waiting ones on a fresh scheduler."""
+        self._hotpath.failed.clear()
+        with self._lock:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+        running = [j for j in jobs if j.request.slot is not None and not j.request.done]
+        waiting = [j for j in jobs if j.request.slot is None and not j.request.done]
+        finished = [j for j in jobs if j.request.done]
+        log.error(
+            "build %s failed on a batch of %d requests (they are failed; the engine goes on): %s: %s%s",
+            self.build_id,
+            len(running),
+            type(exc).__name__,
+            exc,
+            _where(exc),
+        )
+        message = (
+            f"the build failed on the whole batch of {len(running)} requests this request was in "
+            f"({type(exc).__name__}: {exc}); retry it."
+        )
+        for job in running:
+            self._deliver(job, _Failed(message, "batch_failed"))
+        self._scheduler.close()
+        self._scheduler = self._new_scheduler()
+        now = time.monotonic()
+        for job in finished:
+            self._deliver(job, _Finished(str(job.request.finish_reason), now))
+        for job in waiting:  # never started: they were not in the batch that failed
+            job.request = Request(prompt=job.request.prompt, max_new_tokens=job.request.max_new_tokens)
+            self._admit(job, [])
 
     def _sweep(self, now: float) -> None:
         """Hand finished (or cancelled) requests their last event and forget them."""
         with self._lock:
-            for request in [r for r in self._jobs if r.done]:
-                job = self._jobs.pop(request)
-                job.events.put(_Finished(str(request.finish_reason), now))
+            done = [self._jobs.pop(r) for r in [r for r in self._jobs if r.done]]
+        for job in done:
+            self._deliver(job, _Finished(str(job.request.finish_reason), now))
 
 
-# --- one completion, seen from an HTTP thread ------------------------------------------------
+# --- one completion, seen from an asyncio handler ----------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """What one completion came to, filled in by ``generate`` (usage and ``finish_reason``)."""
+class Completion:
+    """One admitted completion; create it on the asyncio loop that will read ``deltas()``.
 
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-
-
-def generate(
-    service: CompletionService, params: CompletionParams, outcome: Outcome
-) -> Generator[str, None, None]:
-    """Yield text deltas of one completion; fill ``outcome``; record metrics and trace when done.
-
-    Closing the generator early (the client went away) cancels the request in the scheduler.
+    Creating it admits the request (``CompletionService.submit``), so a refusal raises here,
+    before any response is started.
     """
-    arrival = time.monotonic()
-    job = service.submit(params.prompt_ids, params.max_tokens)
-    service.metrics.request_started()
-    ids: list[int] = []  # generated ids that are text (EOS excluded)
-    times: list[float] = []
-    sent = 0
-    status: Literal["ok", "error", "cancelled"] = "error"
-    try:
-        while outcome.finish_reason is None:
-            event = _next_event(service, job)
-            if isinstance(event, _Failed):
-                raise RequestError(event.message, status=500, code="engine_error")
-            if isinstance(event, _Token):
-                times.append(event.at)
-                if event.token != service.eos_id:
-                    ids.append(event.token)
-                if not (params.stream or params.stop):
-                    continue  # nothing to show or check before the end: decode once, then
-                text = service.tokenizer.decode(ids)
-                safe, hit = stop_scan(text, params.stop)
-                if hit:
-                    service.cancel(job)
-                    outcome.finish_reason = "stop"
-            else:
-                text = service.tokenizer.decode(ids)
-                safe, hit = stop_scan(text, params.stop)
-                if not hit:
-                    safe = len(text)
-                outcome.finish_reason = "length" if event.reason == "length" else "stop"
-            if safe > sent:
-                try:
-                    yield text[sent:safe]
-                except GeneratorExit:
-                    status = "cancelled"
-                    raise
-                sent = safe
-        status = "ok"
-    finally:
-        if outcome.finish_reason is None:
-            service.cancel(job)
-        outcome.completion_tokens = len(times)
-        ttft = times[0] - arrival if times else None
-        itls = [b - a for a, b in itertools.pairwise(times)]
-        service.metrics.request_finished(
-            RequestObservation(len(params.prompt_ids), len(times), ttft, itls, status)
-        )
-        if status == "ok" and times and service.trace is not None:
-            service.trace.record(len(params.prompt_ids), len(times), arrival)
 
+    def __init__(self, service: CompletionService, params: CompletionParams) -> None:
+        self.service = service
+        self.params = params
+        self.finish_reason: str | None = None
+        self.completion_tokens = 0
+        self.arrival = time.monotonic()
+        self._events: asyncio.Queue[_Event] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
 
-def _next_event(service: CompletionService, job: _Job) -> _Event:
-    while True:
+        def sink(event: _Event) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+        self._job = service.submit(params.prompt_ids, params.max_tokens, sink)
+        service.metrics.request_started()
+
+    async def _next_event(self) -> _Event:
+        while True:
+            try:
+                return await asyncio.wait_for(self._events.get(), timeout=1.0)
+            except TimeoutError:
+                if not self.service.alive:
+                    return _Failed(
+                        "the engine thread stopped before this request finished.", "engine_stopped"
+                    )
+
+    async def deltas(self) -> AsyncGenerator[str, None]:
+        """Yield text deltas; raise a 500 ``RequestError`` when the engine fails this request."""
+        service, params = self.service, self.params
+        ids: list[int] = []  # generated ids that are text (EOS excluded)
+        times: list[float] = []
+        sent = 0
+        status: Literal["ok", "error", "cancelled"] = "cancelled"
+        reason = "client_gone"
         try:
-            return job.events.get(timeout=1.0)
-        except queue.Empty:
-            if not service.alive:
-                return _Failed("the engine thread stopped before this request finished.")
+            while self.finish_reason is None:
+                event = await self._next_event()
+                if isinstance(event, _Failed):
+                    status, reason = "error", event.reason
+                    raise RequestError(event.message, status=500, code=event.reason, counted=True)
+                if isinstance(event, _Token):
+                    times.append(event.at)
+                    if event.token != service.eos_id:
+                        ids.append(event.token)
+                    if not (params.stream or params.stop):
+                        continue  # nothing to show or check before the end: decode once, then
+                    text = service.tokenizer.decode(ids)
+                    safe, hit = stop_scan(text, params.stop)
+                    if hit:
+                        service.cancel(self._job)
+                        self.finish_reason = "stop"
+                else:
+                    text = service.tokenizer.decode(ids)
+                    safe, hit = stop_scan(text, params.stop)
+                    if not hit:
+                        safe = len(text)
+                    self.finish_reason = "length" if event.reason == "length" else "stop"
+                if safe > sent:
+                    yield text[sent:safe]
+                    sent = safe
+            status, reason = "ok", self.finish_reason
+        finally:
+            if self.finish_reason is None or status != "ok":
+                service.cancel(self._job)
+            self.completion_tokens = len(times)
+            ttft = times[0] - self.arrival if times else None
+            itls = [b - a for a, b in itertools.pairwise(times)]
+            service.metrics.request_finished(
+                RequestObservation(len(params.prompt_ids), len(times), ttft, itls, status, reason)
+            )
+            if status == "ok" and times and service.trace is not None:
+                service.trace.record(len(params.prompt_ids), len(times), self.arrival)
