@@ -114,7 +114,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise RequestError(
             f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s.", status=408, code="body_timeout"
         ) from None
-    except (ClientPayloadError, HttpProcessingError):
+    except (ClientPayloadError, HttpProcessingError, ConnectionError):  # a half-closed client lands here
         raise RequestError(
             "the request body ended before its Content-Length; send the whole body.", code="body_incomplete"
         ) from None
