@@ -92,6 +92,17 @@ def test_500_deployments_take_six_queries_for_two_windows(
 ) -> None:
     api, index = fleet
     names = [key[1] for key in index]
+
+    # Prometheus down first: no data, so no decision and no write (one query tried, then the cycle stops).
+    def down(_: str) -> list[Series]:
+        raise PrometheusUnavailable("Prometheus at http://x is unreachable: ConnectionError")
+
+    ctx = context(cluster[2], down, tmp_path)
+    report = asyncio.run(drift_cycle(ctx, index, {}))
+    assert report.error is not None and report.queries == 1 and report.written == 0 and report.opened == 0
+    assert ctx.health.prometheus_error is not None and api.compilejobs() == []
+
+    # Prometheus answers: 3 profile queries per distinct window, whatever the fleet's size.
     drifted = set(names[:10])
     asked: list[str] = []
     ctx = context(cluster[2], answers(drifted, names, asked), tmp_path)
@@ -103,20 +114,3 @@ def test_500_deployments_take_six_queries_for_two_windows(
     assert len(api.compilejobs()) == 10
     scores = {api.md(n)["status"]["drift"]["score"] for n in (names[0], names[-1])}  # type: ignore[index]
     assert scores == {1.0, 0.0}
-
-
-def test_prometheus_down_is_no_data_and_no_decision(
-    cluster: tuple[EmulatorThread, Api, Path],
-    fleet: tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]],
-    tmp_path: Path,
-) -> None:
-    api, index = fleet
-
-    def down(_: str) -> list[Series]:
-        raise PrometheusUnavailable("Prometheus at http://x is unreachable: ConnectionError")
-
-    ctx = context(cluster[2], down, tmp_path)
-    report = asyncio.run(drift_cycle(ctx, index, {}))
-    assert report.error is not None and report.queries == 1 and report.written == 0 and report.opened == 0
-    assert ctx.health.prometheus_error is not None
-    assert api.compilejobs() == []

@@ -112,7 +112,7 @@ def test_drift_compile_canary_promote(
     assert api.get(f"/api/v1/namespaces/{NS}/configmaps/{name}-spec") is not None
 
     # Cooldown: more drift cycles, still one job.
-    time.sleep(3)
+    time.sleep(2)
     assert len(api.compilejobs()) == 1 and len(api.events("DriftDetected")) == 1
 
     # The sandboxes' progress in the store -> CompileJob status.

@@ -16,7 +16,7 @@ from support.k8s_emulator import EmulatorThread
 from support.prometheus import PrometheusServer
 
 
-def deployment(on_failure: str = "Rollback", pause: str = "4s", policy: str = "Auto") -> dict[str, Any]:
+def deployment(on_failure: str = "Rollback", pause: str = "3s", policy: str = "Auto") -> dict[str, Any]:
     return {
         "apiVersion": "polymorph.dev/v1alpha1",
         "kind": "ModelDeployment",
@@ -111,7 +111,7 @@ def test_prometheus_outage_and_operator_kill_mid_rollout(
     # Prometheus goes away before the step's first analysis: no decision, Degraded once.
     prometheus.stop()
     wait_for("Degraded", lambda: any(c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "PrometheusUnavailable" for c in status(api).get("conditions", [])), timeout=20)  # fmt: skip
-    time.sleep(5)  # longer than the step's pause and two analysis intervals
+    time.sleep(4)  # longer than the step's pause and two analysis intervals
     s = state(api)
     assert (
         s["phase"] == "Progressing" and s["step"] == 0 and s.get("lastVerdict") is None and s["failures"] == 0
