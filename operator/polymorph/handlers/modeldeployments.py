@@ -314,7 +314,9 @@ async def tick(
     md, problem = parse(body)
     if md is None:
         await _set_invalid(ctx, body, patch, problem, now)
-        raise kopf.PermanentError(problem)
+        if first:  # a change handler fails permanently (no retries); the timer just waits for a fix
+            raise kopf.PermanentError(problem)
+        return "Invalid"
     old = md.status or ModelDeploymentStatus()
     status = old.model_copy(deep=True)
     status.observedGeneration = md.metadata.generation
