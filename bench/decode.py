@@ -298,7 +298,7 @@ def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]
             state["pos"] += 1
 
         t = time.perf_counter()
-        with inductor_config.patch(**{"coordinate_descent_tuning": True, "triton.unique_kernel_names": True}):
+        with inductor_config.patch({"coordinate_descent_tuning": True, "triton.unique_kernel_names": True}):
             for _ in range(3):
                 step()  # compile and record the graph
         _sync()
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             knobs,
         )
         candidates.append(f"polymorph#{i}")
-    engines = []
+    engines: list[str] = []
     for e in (e for e in args.engines.split(",") if e):
         engines += candidates if e == "polymorph" else [e]
     batches = [int(b) for b in args.batches.split(",")]
