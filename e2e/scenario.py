@@ -1,0 +1,284 @@
+"""The whole-loop scenario, step by step, shared by the e2e test and ``make demo-fleet``.
+
+Each step acts the way a person, a GitOps tool or the traffic would (real ``kubectl``, real
+requests), then waits, with a deadline, for the state the operator must reach, and returns what
+it observed; the test asserts on it, the demo prints it. ``say`` narrates.
+
+1. ``apply_pinned``: the ModelDeployment, pinned to ``reference``; shape A traffic. Drift is
+   measured (the reference was tuned for no profile), but a pin never compiles or rolls out.
+2. ``shift_and_unpin``: the traffic shifts to shape B (long generations); once Prometheus's
+   window holds only B, GitOps removes the pin: drift -> one CompileJob -> sandbox Job (the
+   SearchAgent driving a real hot-reload engine) -> best build in S3.
+3. ``promotion``: the canary at each step, analysis on live metrics, promotion.
+4. ``drift_back``: traffic returns to shape A: a drift score against the promoted build's
+   tuned-for profile, and no CompileJob while the cooldown runs.
+5. ``manual_then_rollback``: GitOps sets ``policy: Manual``; a CompileJob from a deliberately
+   slowed base build succeeds, its candidate waits (no canary) until approved; approved, the
+   slower canary fails analysis and rolls back.
+
+It knows nothing about how the cluster is provided (``harness.Fleet``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness import NS, Fleet, slowed_build, wait_for
+from traffic import Shape, Traffic
+
+__all__ = ["MD", "SHAPE_A", "SHAPE_B", "Scenario", "compilejob", "deployment"]
+
+MD = "chat"
+SHAPE_A = Shape(
+    "A (long prompts, short answers)", prompt=(200, 400), output=(4, 12), concurrency=2, think_s=0.4
+)
+SHAPE_B = Shape(
+    "B (short prompts, long generations)", prompt=(16, 48), output=(128, 192), concurrency=3, think_s=0.5
+)
+BUDGET = {"maxExperiments": 6, "sandboxes": 1, "deadline": "5m", "experimentTimeout": "2m"}
+WINDOW_S = 15
+
+
+def deployment(pinned: str | None = None, policy: str = "Auto") -> dict[str, Any]:
+    """The ModelDeployment a model owner commits: tiny CPU model, 3 replicas, two canary steps."""
+    build: dict[str, Any] = {"policy": policy}
+    if pinned is not None:
+        build["pinned"] = pinned
+    errors = (
+        'sum(rate(polymorph_requests_total{model_deployment="{{name}}",namespace="{{namespace}}",'
+        'track="canary",status="error"}[{{interval}}])) or vector(0)'
+    )
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": MD, "namespace": NS},
+        "spec": {
+            "model": {"uri": "tiny", "dtype": "float32", "maxSeqLen": 1024},
+            "hardware": {"accelerator": "cpu"},
+            "replicas": 3,
+            "build": build,
+            "recompile": {
+                "enabled": True, "driftThreshold": 0.25, "window": f"{WINDOW_S}s", "minRequests": 20,
+                "cooldown": "1h",
+                "compile": {"agent": {"kind": "Search"}, "budget": BUDGET,
+                            "objective": {"metric": "outputTokensPerSecond"},
+                            "gates": {"tokenAgreement": 0.98, "minSpeedup": 1.05}},
+            },
+            "rollout": {
+                "steps": [{"weight": 33, "pause": "4s"}, {"weight": 66, "pause": "4s"}],
+                "analysis": {
+                    "interval": "4s", "failureLimit": 1, "noDataPolicy": "Inconclusive",
+                    "metrics": [
+                        {"name": "throughput", "builtin": "outputTokensPerSecondRatio", "thresholdRange": {"min": 0.9}},
+                        {"name": "itl-p95", "builtin": "interTokenLatencyP95Ratio", "thresholdRange": {"max": 1.25}},
+                        {"name": "errors", "query": errors, "thresholdRange": {"max": 0}},
+                    ],
+                },
+                "onFailure": "Rollback",
+            },
+        },
+    }  # fmt: skip
+
+
+def compilejob(name: str, base: str, profile: dict[str, Any]) -> dict[str, Any]:
+    """A CompileJob a person opens for the deployment, from ``base``, for ``profile``."""
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "CompileJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "deploymentRef": {"name": MD},
+            "baseBuild": base,
+            "workload": {"profile": profile},
+            "agent": {"kind": "Search"},
+            "budget": BUDGET,
+            "gates": {"tokenAgreement": 0.98, "minSpeedup": 1.05},
+        },
+    }
+
+
+def _rollout(fleet: Fleet) -> dict[str, Any]:
+    return fleet.status(MD).get("rollout") or {}
+
+
+class Scenario:
+    """The steps of the module docstring over one ``Fleet``; ``traffic`` starts in step 1."""
+
+    def __init__(self, fleet: Fleet, say: Callable[[str], None] = print) -> None:
+        self.fleet = fleet
+        self.say = say
+        self.traffic: Traffic | None = None
+        self.t0 = time.monotonic()
+        self._seen: set[str] = set()
+
+    # --- narration ---------------------------------------------------------------------------
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.fleet.events(MD)
+
+    def tell_events(self) -> None:
+        """Narrate every Event about the deployment and its CompileJobs not told yet."""
+        names = [MD, *(cj["metadata"]["name"] for cj in self.fleet.compilejobs())]
+        for name in names:
+            for e in self.fleet.events(name):
+                uid = e["metadata"]["uid"]
+                if uid not in self._seen:
+                    self._seen.add(uid)
+                    self.say(f"  event {e['reason']:<20} {e['message']}")
+
+    def wait(self, what: str, fn: Callable[[], Any], timeout: float) -> Any:
+        def probe() -> Any:
+            self.tell_events()
+            return fn()
+
+        return wait_for(what, probe, timeout, every=0.5)
+
+    def tell_traffic(self) -> None:
+        if self.traffic is None:
+            return
+        for track, s in sorted(self.traffic.stats().items()):
+            speed = f"{s.median_tok_s:.0f} tok/s per request" if s.median_tok_s else "-"
+            self.say(f"  traffic {track or '?'}: {s.requests} requests, {s.errors} errors, median {speed}")
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    def apply_pinned(self) -> dict[str, Any]:
+        f = self.fleet
+        self.say("kubectl apply: ModelDeployment chat (3 replicas, pinned to reference)")
+        f.apply(deployment(pinned="reference"))
+        stable = self.wait(
+            "3 ready stable replicas",
+            lambda: (f.deployment(MD) or {}).get("status", {}).get("readyReplicas") == 3,
+            180,
+        )
+        self.traffic = Traffic(f.endpoints(MD), SHAPE_A).start()
+        self.say(f"traffic starts: {SHAPE_A.describe()}")
+        st = self.wait(
+            "drift measured on the pinned deployment",
+            lambda: (s := f.status(MD)).get("drift", {}).get("score") is not None
+            and s.get("trafficProfile", {}).get("requests", 0) >= 20 and s,
+            90,
+        )  # fmt: skip
+        self.say(f"drift {st['drift']['score']:.2f}: {'; '.join(st['drift'].get('reasons', []))}")
+        cycles = self._drift_cycles()
+        if cycles is not None:
+            self.wait("three more drift cycles", lambda: (self._drift_cycles() or 0) >= cycles + 3, 30)
+        self.say("pinned: no CompileJob, no canary")
+        return {"status": st, "compilejobs": f.compilejobs(), "canary": f.deployment(f"{MD}-canary"),
+                "stable": stable, "events": self.events()}  # fmt: skip
+
+    def _drift_cycles(self) -> float | None:
+        op = self.fleet.operator
+        return None if op is None else op.metric("polymorph_operator_drift_cycle_seconds_count")
+
+    def _window_is(self, low: int) -> bool:
+        """Prometheus's window holds only generations of at least ``low`` tokens (mean over it)."""
+        prom = self.fleet.prometheus
+        if prom is None:
+            return True
+        sel = f'{{model_deployment="{MD}"}}'
+        q = f"sum(increase(polymorph_generation_tokens_sum{sel}[{WINDOW_S}s])) / sum(increase(polymorph_generation_tokens_count{sel}[{WINDOW_S}s]))"
+        got = prom.query(q)
+        return bool(got) and float(got[0]["value"][1]) >= low
+
+    def shift_and_unpin(self) -> dict[str, Any]:
+        f = self.fleet
+        assert self.traffic is not None
+        self.traffic.shift(SHAPE_B)
+        self.say(f"traffic shifts: {SHAPE_B.describe()}")
+        self.wait("a window of shape B only", lambda: self._window_is(int(SHAPE_B.output[0] * 0.95)), 90)
+        self.say("kubectl apply: the pin removed (GitOps)")
+        f.apply(deployment())
+        cj = self.wait("a CompileJob", lambda: f.compilejobs(), 60)[0]
+        name = cj["metadata"]["name"]
+        st = f.status(MD)
+        self.say(f"drift {st.get('drift', {}).get('score')}: CompileJob {name} opened")
+        done = self._compile(name)
+        return {"compilejob": done, "status": f.status(MD)}
+
+    def _compile(self, name: str) -> dict[str, Any]:
+        f = self.fleet
+        last: dict[str, Any] = {}
+
+        def finished() -> dict[str, Any] | None:
+            cj = f.compilejob(name)
+            st = cj.get("status") or {}
+            counts = st.get("experiments") or {}
+            key = (st.get("phase"), counts.get("total"))
+            if key != (last.get("phase"), last.get("total")):
+                last.update(phase=key[0], total=key[1])
+                best = (st.get("best") or {}).get("speedup")
+                self.say(f"  CompileJob {name}: {key[0]}, {key[1] or 0} experiments, "
+                         f"best {f'{best:.2f}x' if best else '-'}")  # fmt: skip
+            return cj if st.get("phase") in ("Succeeded", "Failed", "Cancelled") else None
+
+        cj = self.wait(f"CompileJob {name} to finish", finished, 300)
+        self.say(f"CompileJob {name} {cj['status']['phase']}: {cj['status'].get('message', '')}")
+        return dict(cj)
+
+    def promotion(self, build: str) -> dict[str, Any]:
+        f = self.fleet
+        steps: list[dict[str, Any]] = []
+
+        def promoted() -> bool:
+            r = _rollout(f)
+            if r.get("step") is not None and (not steps or steps[-1].get("step") != r.get("step")):
+                steps.append(dict(r))
+            return (f.status(MD).get("activeBuild") or {}).get("id") == build
+
+        self.wait(f"{build} promoted", promoted, 240)
+        self.wait("the canary removed", lambda: f.deployment(f"{MD}-canary") is None, 60)
+        self.tell_traffic()
+        return {"status": f.status(MD), "stable": f.deployment(MD), "events": self.events(), "steps": steps}
+
+    def drift_back(self) -> dict[str, Any]:
+        f = self.fleet
+        assert self.traffic is not None
+        self.traffic.shift(SHAPE_A)
+        self.say(f"traffic shifts back: {SHAPE_A.describe()}")
+        st = self.wait(
+            "drift against the promoted build's profile",
+            lambda: (s := f.status(MD)).get("drift", {}).get("score", 0) >= 0.25 and s, 90,
+        )  # fmt: skip
+        self.say(f"drift {st['drift']['score']:.2f}: {'; '.join(st['drift'].get('reasons', []))}")
+        cycles = self._drift_cycles()
+        if cycles is not None:
+            self.wait("three more drift cycles", lambda: (self._drift_cycles() or 0) >= cycles + 3, 30)
+        return {"status": st, "compilejobs": f.compilejobs()}
+
+    def manual_then_rollback(self, tuned: dict[str, Any]) -> dict[str, Any]:
+        f = self.fleet
+        active = f.status(MD)["activeBuild"]["id"]
+        self.say("kubectl apply: policy Manual (GitOps)")
+        manual = deployment(policy="Manual")
+        f.apply(manual)
+        slowed = slowed_build(f.store, f.workdir)
+        self.say(f"a slowed base build in the store: {slowed}")
+        f.apply(compilejob(f"{MD}-slowed", slowed, copy.deepcopy(tuned)))
+        cj = self._compile(f"{MD}-slowed")
+        candidate = (cj["status"].get("best") or {}).get("build")
+        waiting = self.wait(
+            "WaitingForApproval",
+            lambda: [e for e in self.events() if e["reason"] == "WaitingForApproval"],
+            60,
+        )
+        ticks = f.operator.metric("polymorph_operator_reconciles_total") if f.operator else None
+        if ticks is not None:
+            self.wait("ten more reconciles", lambda: f.operator is not None and f.operator.metric("polymorph_operator_reconciles_total") >= ticks + 10, 30)  # fmt: skip
+        unapproved = {"canary": f.deployment(f"{MD}-canary"), "waiting": waiting, "rollout": _rollout(f),
+                      "active": f.status(MD)["activeBuild"]["id"]}  # fmt: skip
+        self.say(f"kubectl annotate: polymorph.dev/approve={candidate}")
+        f.kubectl("-n", NS, "annotate", "md", MD, f"polymorph.dev/approve={candidate}")
+        self.wait("the rollback", lambda: _rollout(f).get("phase") == "RolledBack", 240)
+        self.wait("the canary removed", lambda: f.deployment(f"{MD}-canary") is None, 60)
+        self.tell_traffic()
+        return {"compilejob": cj, "candidate": candidate, "slowed": slowed, "before": active,
+                "unapproved": unapproved, "status": f.status(MD), "stable": f.deployment(MD),
+                "events": self.events()}  # fmt: skip
+
+    def close(self) -> None:
+        if self.traffic is not None:
+            self.traffic.close()

@@ -1,0 +1,169 @@
+"""The whole loop, end to end: only the Kubernetes control plane is emulated.
+
+Real ``kubectl`` applies the CRDs and a ModelDeployment to the conformant emulator; the real
+``polymorph operator`` process runs; the pod executor runs the Deployments' and Jobs' pods as
+processes of the real engine entrypoints (tiny CPU model); the real Prometheus scrapes them; S3
+is moto's server; a traffic generator sends completions and shifts the workload shape.
+
+The one scenario (``scenario.py``): a pin never compiles or rolls out -> the shift and the pin
+removed -> drift -> CompileJob -> sandbox experiments (SearchAgent, hot reload) -> best build in
+S3 -> canary at 33% and 66% -> analysis on live metrics -> promotion; drift back against the
+promoted build's profile held by the cooldown; ``policy: Manual`` never rolls out unapproved;
+approved, a candidate compiled from a deliberately slowed base fails analysis and rolls back.
+Asserts the final state, the status fields and the ordered Events with their numbers.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Fleet
+from scenario import MD, SHAPE_B, Scenario
+
+from polymorph.store import open_store
+
+pytestmark = pytest.mark.slow
+BUILD = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    with Fleet(tmp_path) as running:
+        yield running
+
+
+def reasons(events: list[dict[str, Any]]) -> list[str]:
+    return [e["reason"] for e in events]
+
+
+def messages(events: list[dict[str, Any]], reason: str) -> list[str]:
+    return [e["message"] for e in events if e["reason"] == reason]
+
+
+def in_order(seen: list[str], expected: list[str]) -> bool:
+    """``expected`` is a subsequence of ``seen``."""
+    it = iter(seen)
+    return all(any(r == want for r in it) for want in expected)
+
+
+def test_fleet_loop_promotes_then_rolls_back_a_slower_build(fleet: Fleet) -> None:
+    started = time.monotonic()
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        lines.append(f"{time.monotonic() - started:6.1f}s {text}")
+        print(lines[-1], flush=True)
+
+    story = Scenario(fleet, say)
+    try:
+        _run(fleet, story)
+    except BaseException:
+        if fleet.operator is not None:
+            print(fleet.operator.tail(40))
+        if fleet.executor is not None:
+            print("executor errors:", fleet.executor.errors[-5:])
+        raise
+    finally:
+        story.close()
+    assert time.monotonic() - started < 540, "\n".join(lines)
+
+
+def _run(fleet: Fleet, story: Scenario) -> None:
+    # 1. Pinned: drift is measured, nothing compiles, nothing rolls out.
+    pinned = story.apply_pinned()
+    assert pinned["status"]["drift"]["score"] == 1.0
+    assert pinned["status"]["activeBuild"]["id"] == "reference"
+    assert pinned["compilejobs"] == [] and pinned["canary"] is None
+    assert "DriftDetected" not in reasons(pinned["events"])
+    stable = fleet.deployment(MD)
+    assert stable is not None and stable["status"]["readyReplicas"] == 3
+    pods = fleet.core.list_namespaced_pod(
+        "inference", label_selector=f"polymorph.dev/model-deployment={MD}"
+    ).items
+    assert len([p for p in pods if p.status.phase == "Running"]) == 3
+
+    # 2. The shift, the pin removed: drift -> exactly one CompileJob -> its sandbox Job -> a best build in S3.
+    compiled = story.shift_and_unpin()
+    cj = compiled["compilejob"]
+    st = cj["status"]
+    assert st["phase"] == "Succeeded", st
+    assert cj["metadata"]["ownerReferences"][0]["name"] == MD and cj["spec"]["baseBuild"] == "reference"
+    profile = cj["spec"]["workload"]["profile"]
+    assert profile["outputTokens"]["bounds"][0] >= SHAPE_B.output[0] // 2, profile  # it compiled for shape B
+    assert st["experiments"]["total"] >= 2 and st["experiments"]["passed"] >= 2
+    best = st["best"]
+    assert BUILD.match(best["build"]) and best["speedup"] >= 1.05, best
+    assert st["ledgerUri"].startswith("s3://polymorph-e2e/")
+    assert [s["index"] for s in st["sandboxes"]] == [0]
+    assert fleet.store.has_build(best["build"]), "the best build is in S3"
+    manifest = fleet.store.get_manifest(best["build"])
+    assert manifest.parent is not None
+    job = fleet.kubectl(
+        "-n", "inference", "get", "job", cj["metadata"]["name"], "-o", "jsonpath={.status.succeeded}"
+    )
+    assert job == "1"
+
+    # 3. Canary at 33% (1 of 3) and 66% (2 of 3), analysis on live metrics, promotion.
+    promoted = story.promotion(best["build"])
+    status = promoted["status"]
+    assert status["activeBuild"]["id"] == best["build"]
+    assert status["activeBuild"]["profile"] == profile
+    assert (
+        status["history"][-1]["outcome"] == "Promoted" and status["history"][-1]["fromBuild"] == "reference"
+    )
+    stable = promoted["stable"]
+    assert stable["spec"]["replicas"] == 3 and stable["status"]["readyReplicas"] == 3
+    assert stable["spec"]["template"]["metadata"]["annotations"]["polymorph.dev/build-id"] == best["build"]
+    events = promoted["events"]
+    assert in_order(reasons(events), ["DriftDetected", "CompileJobCreated", "CompileJobSucceeded", "CanaryStep",
+                                      "AnalysisPassed", "CanaryStep", "AnalysisPassed", "Promoted"]), reasons(events)  # fmt: skip
+    assert reasons(events).count("DriftDetected") == 1 and reasons(events).count("CompileJobCreated") == 1
+    assert re.search(r"drift 1\.00 >= 0\.25 over \d+ requests", messages(events, "DriftDetected")[0])
+    steps = messages(events, "CanaryStep")
+    assert len(steps) == 2
+    assert steps[0].startswith("step 1/2") and "(1 of 3 replicas on the canary, 2 stable)" in steps[0]
+    assert steps[1].startswith("step 2/2") and "(2 of 3 replicas on the canary, 1 stable)" in steps[1]
+    passed = messages(events, "AnalysisPassed")
+    ratio = float(re.search(r"throughput ([0-9.]+)", passed[0]).group(1))  # type: ignore[union-attr]
+    assert ratio >= 0.9 and "(min 0.9): Pass" in passed[0], passed[0]
+    assert messages(events, "Promoted") == [f"{best['build']} now serves all 3 replicas (was reference)"]
+
+    # 4. Back to shape A: drift against the promoted build's profile; the cooldown holds the next job.
+    back = story.drift_back()
+    assert 0.25 <= back["status"]["drift"]["score"] < 1.0, back["status"]["drift"]
+    assert len(back["compilejobs"]) == 1
+
+    # 5. Manual: the slowed candidate waits unapproved; approved, it fails analysis and rolls back.
+    rolled = story.manual_then_rollback(profile)
+    assert rolled["compilejob"]["status"]["phase"] == "Succeeded"
+    candidate = rolled["candidate"]
+    assert BUILD.match(candidate) and candidate not in (best["build"], rolled["slowed"])
+    assert open_store(fleet.store_uri, env=fleet.aws).get_manifest(candidate).parent == rolled["slowed"]
+    unapproved = rolled["unapproved"]
+    assert unapproved["canary"] is None and unapproved["active"] == best["build"]
+    assert (
+        len(unapproved["waiting"]) == 1
+        and f"polymorph.dev/approve={candidate}" in unapproved["waiting"][0]["message"]
+    )
+    status = rolled["status"]
+    assert status["activeBuild"]["id"] == best["build"], "the rollback keeps the promoted build"
+    assert status["rollout"]["phase"] == "RolledBack"
+    assert status["history"][-1]["outcome"] == "RolledBack" and status["history"][-1]["build"] == candidate
+    values = {v["name"]: v for v in status["rollout"]["analysis"]}
+    assert values["throughput"]["verdict"] == "Fail" and values["throughput"]["value"] < 0.9
+    assert values["throughput"]["min"] == 0.9
+    stable = rolled["stable"]
+    assert stable["spec"]["template"]["metadata"]["annotations"]["polymorph.dev/build-id"] == best["build"]
+    assert stable["spec"]["replicas"] == 3
+    events = rolled["events"]
+    tail = reasons(events)[len(promoted["events"]) :]
+    assert in_order(tail, ["CompileJobSucceeded", "WaitingForApproval", "CanaryStep", "AnalysisFailed",
+                           "AnalysisFailed", "RolledBack"]), tail  # fmt: skip
+    failed = messages(events, "AnalysisFailed")
+    assert len(failed) == 2 and "(min 0.9): Fail" in failed[0], failed
+    assert len(messages(events, "RolledBack")) == 1 and reasons(events).count("Promoted") == 1

@@ -1,0 +1,145 @@
+"""A traffic generator for the e2e: OpenAI completions to a Service's ready pods, in a workload shape
+that can be shifted while it runs.
+
+``Traffic(endpoints, shape)`` runs ``shape.concurrency`` closed-loop clients. Each picks the next
+ready pod round-robin from ``endpoints()`` (what a Service with the deployment's selector routes
+to: both tracks, so the replica ratio is the traffic split, as in the product), sends
+``POST /v1/completions`` with a prompt of a length drawn from ``shape.prompt`` and ``max_tokens``
+from ``shape.output``, then pauses ``shape.think_s``. ``shift(shape)`` changes the shape for every
+client from its next request on. ``stats()`` gives per-track request, error and token counts and
+the median per-request decode speed the clients saw, for the story the demo prints.
+
+It knows nothing about Kubernetes or the operator: it only sends requests where it is told.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from executor import Endpoint
+
+__all__ = ["Shape", "Traffic", "TrackStats"]
+
+TRACK = "polymorph.dev/track"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A workload shape: token ranges (inclusive), clients in flight and their pause between requests."""
+
+    name: str
+    prompt: tuple[int, int]
+    output: tuple[int, int]
+    concurrency: int
+    think_s: float = 0.2
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: prompts {self.prompt[0]}-{self.prompt[1]} tokens, "
+            f"outputs {self.output[0]}-{self.output[1]} tokens, {self.concurrency} clients"
+        )
+
+
+@dataclass
+class TrackStats:
+    requests: int = 0
+    errors: int = 0
+    tokens: int = 0
+    speeds: list[float] = field(default_factory=list)
+    """Per-request decode speed seen by the client: completion tokens / request seconds."""
+
+    @property
+    def median_tok_s(self) -> float | None:
+        return statistics.median(self.speeds[-200:]) if self.speeds else None
+
+
+class Traffic:
+    """Closed-loop completion clients over a Service's ready endpoints; see the module docstring."""
+
+    def __init__(self, endpoints: Callable[[], list[Endpoint]], shape: Shape, seed: int = 0) -> None:
+        self.endpoints = endpoints
+        self.shape = shape
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._next = 0
+        self._stats: dict[str, TrackStats] = defaultdict(TrackStats)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._workers = 0
+
+    def start(self) -> Traffic:
+        self._grow()
+        return self
+
+    def _grow(self) -> None:
+        while self._workers < self.shape.concurrency:
+            t = threading.Thread(target=self._client, args=(self._workers,), daemon=True)
+            self._workers += 1
+            self._threads.append(t)
+            t.start()
+
+    def shift(self, shape: Shape) -> None:
+        """From each client's next request on, send ``shape`` (clients beyond its concurrency idle)."""
+        self.shape = shape
+        self._grow()
+
+    def _pick(self) -> tuple[Endpoint | None, int, int]:
+        with self._lock:
+            ready = sorted(self.endpoints(), key=lambda e: e.pod)
+            shape = self.shape
+            prompt = self._rng.randint(*shape.prompt)
+            output = self._rng.randint(*shape.output)
+            if not ready:
+                return None, prompt, output
+            self._next += 1
+            return ready[self._next % len(ready)], prompt, output
+
+    def _client(self, number: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            while not self._stop.is_set():
+                if number >= self.shape.concurrency:
+                    self._stop.wait(0.2)
+                    continue
+                endpoint, prompt, output = self._pick()
+                if endpoint is None:
+                    self._stop.wait(0.2)
+                    continue
+                track = endpoint.labels.get(TRACK, "")
+                started = time.monotonic()
+                try:
+                    r = http.post(
+                        f"{endpoint.url}/v1/completions",
+                        json={"prompt": "the quick brown fox " * (prompt // 20 + 1), "max_tokens": output},
+                    )
+                    ok = r.status_code == 200
+                    tokens = int(r.json()["usage"]["completion_tokens"]) if ok else 0
+                except (httpx.HTTPError, ValueError, KeyError):
+                    ok, tokens = False, 0  # a pod going away mid-request, as during a rollout
+                took = time.monotonic() - started
+                with self._lock:
+                    s = self._stats[track]
+                    s.requests += 1
+                    s.errors += 0 if ok else 1
+                    s.tokens += tokens
+                    if ok and tokens > 1 and took > 0:
+                        s.speeds.append(tokens / took)
+                self._stop.wait(self.shape.think_s)
+
+    def stats(self) -> dict[str, TrackStats]:
+        with self._lock:
+            return {
+                k: TrackStats(v.requests, v.errors, v.tokens, list(v.speeds)) for k, v in self._stats.items()
+            }
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=65)
