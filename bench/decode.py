@@ -242,9 +242,6 @@ class Peer:
                     v_cache=torch.zeros(batch, self.nkv, max_seq, self.d, device=dev, dtype=dt),
                 )
             )
-        for lw in self.layers:  # as gpt-fast's cache buffers: fixed addresses, so graphs may mutate them
-            torch._dynamo.mark_static_address(lw.k_cache)
-            torch._dynamo.mark_static_address(lw.v_cache)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         self.head = self.embed if c.tie_word_embeddings else w["lm_head.weight"]
@@ -253,6 +250,19 @@ class Peer:
         emb = torch.cat([freqs, freqs], -1)
         self.cos, self.sin = emb.cos().to(dt), emb.sin().to(dt)  # [S, D]
         self.causal = torch.ones(max_seq, max_seq, dtype=torch.bool, device=dev).tril()
+        # gpt-fast's weights and caches are an nn.Module's parameters and buffers, which
+        # cudagraph trees keep at fixed addresses. These are plain tensors, so mark them: a graph
+        # input without a static address is copied into the graph's own buffer at every replay
+        # (every weight, every step), and a mutated one (the caches) disables the graphs.
+        for t in self.static_tensors():
+            torch._dynamo.mark_static_address(t)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the decode step reads besides its arguments: weights, caches, tables."""
+        out = [self.embed, self.norm, self.head, self.cos, self.sin, self.causal]
+        for lw in self.layers:
+            out += [lw.wqkv, lw.wo, lw.w13, lw.w2, lw.attn_norm, lw.ffn_norm, lw.k_cache, lw.v_cache]
+        return out
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
