@@ -155,6 +155,15 @@ class Context:
     clock: Callable[[], datetime] = utcnow
     background: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
     """The fleet loop's stop flag and task, started and stopped with the operator."""
+    heartbeat: list[float] = field(default_factory=lambda: [0.0])
+    """``time.monotonic()`` of the last per-object tick. kopf stops object timers on a standby
+    replica (peering); the fleet loop runs only while they tick, so only the active replica acts."""
+
+    def beat(self) -> None:
+        self.heartbeat[0] = time.monotonic()
+
+    def active(self, within_s: float) -> bool:
+        return time.monotonic() - self.heartbeat[0] <= within_s
 
     def event(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         """Post a Kubernetes Event about ``body`` (a decision, with its numbers). A failure is logged, not raised."""

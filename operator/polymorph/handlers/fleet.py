@@ -9,6 +9,10 @@ operator replica or a retry gets a conflict, not a second job), with DriftDetect
 CompileJobCreated Events. Prometheus down gives no data and no decision; the per-deployment
 tick turns that into the Degraded condition and one Event.
 
+The loop is one asyncio task started with the operator (kopf has no operator-wide timers). It
+runs a cycle only while per-object timers are ticking: kopf stops those on a standby replica
+(peering), so only the active replica reads, writes and opens CompileJobs.
+
 It knows nothing about rollouts or sandboxes.
 """
 
@@ -241,7 +245,14 @@ async def fleet_loop(ctx: Context, deployments: Any, compilejobs: Any, stop: asy
     log = object_log(None, None, "Fleet")
     was_down = False
     cache: ParseCache = {}
+    # Object timers tick every --rollout-interval on the active replica only (kopf pauses them on a
+    # standby); without a recent tick there is nothing this replica may decide.
+    active_within = max(10.0, 3 * ctx.config.rollout_interval_s)
     while not stop.is_set():
+        if not ctx.active(active_within):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=min(1.0, ctx.config.drift_interval_s))
+            continue
         try:
             report = await drift_cycle(ctx, deployments, compilejobs, cache)
         except Exception as exc:  # keep the fleet loop alive; the next cycle tries again

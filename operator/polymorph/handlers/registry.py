@@ -91,6 +91,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         handler: str,
     ) -> None:
         key = ("ModelDeployment", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
+        memo.beat()
         try:
             async with memo.fresh.lock(key):
                 await modeldeployments.tick(body, patch, memo, deployment_index, first=first)
