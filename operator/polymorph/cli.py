@@ -1,19 +1,33 @@
-"""The ``polymorph`` command line: a thin dispatcher over subcommand modules.
+"""The ``polymorph`` command line: a thin dispatcher over subcommand modules, and the error boundary.
 
 Each subcommand lives in the module that owns its behaviour and exposes two functions:
 ``configure(parser)`` adds its flags (no heavy imports there) and ``run(args) -> int``
-does the work. Errors meant for people are raised as ``UsageError`` and printed as one
-line; nothing a user typed ever produces a traceback.
+does the work.
+
+The boundary (``main``): every error family a user can cause becomes one line ``error: ...``
+and exit status 2: ``UsageError``, ``StoreError``, ``BuildError``, a pydantic
+``ValidationError`` (named field paths), ``OSError`` (the path and the reason),
+``OverflowError`` and ``RecursionError`` (a number or a nesting too large). SIGINT and
+SIGTERM (``Interrupted``, a ``KeyboardInterrupt``) print ``interrupted`` and exit 128 + the
+signal number. Anything else is a bug: one line saying so, exit status 1, and the traceback
+only with ``POLYMORPH_DEBUG=1``. Nothing a user typed ever produces a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-from polymorph.errors import UsageError
+from pydantic import ValidationError
+
+from polymorph.errors import BuildError, Interrupted, StoreError, UsageError
+from polymorph.validate import format_validation_error
 
 # name -> (module, help), or (help, {role: (module, help)}) for a command with roles. Modules are
 # imported by name, and only for the command being run: the data plane's commands
@@ -68,6 +82,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; only the ``selected`` command's modules are imported (all when None),
     so ``polymorph validate`` never pays for the engine's torch import."""
     parser = _Parser(prog="polymorph", description="Continual compilation for LLM inference fleets.")
+    parser.add_argument("--version", action="version", version=f"polymorph {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, entry in COMMANDS.items():
         target, help_text = entry if isinstance(entry[1], str) else (entry[1], entry[0])
@@ -87,6 +102,47 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return version("polymorph")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def describe(exc: BaseException) -> str | None:
+    """One sentence for an error a user can cause, or None when ``exc`` is a bug."""
+    if isinstance(exc, UsageError | StoreError | BuildError):
+        return str(exc)
+    if isinstance(exc, ValidationError):
+        lines = format_validation_error(exc)
+        more = f" (and {len(lines) - 1} more problems)" if len(lines) > 1 else ""
+        return f"{exc.title}: {lines[0]}{more}" if lines else str(exc).splitlines()[0]
+    if isinstance(exc, OSError):
+        what = exc.strerror or type(exc).__name__
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return f"{where}: {what}" if where else f"{what}: {exc}"
+    if isinstance(exc, OverflowError):
+        return f"a number is too large to use ({exc}); give a smaller value"
+    if isinstance(exc, RecursionError):
+        return "the input is nested too deeply to read"
+    return None
+
+
+def _run(module: object, args: argparse.Namespace) -> int:
+    """``module.run(args)`` with SIGTERM raising ``Interrupted`` in the main thread, as Ctrl-C does."""
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return int(module.run(args) or 0)  # type: ignore[attr-defined]
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return int(module.run(args) or 0)  # type: ignore[attr-defined]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = next((a for a in argv if not a.startswith("-")), "")
@@ -99,13 +155,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args._missing}", file=sys.stderr)
         return 2
     try:
-        return int(args._module.run(args) or 0)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _run(args._module, args)
+    except KeyboardInterrupt as exc:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+    except BrokenPipeError:  # stdout was closed early (``| head``): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:
+        sentence = describe(exc)
+        if sentence is not None:
+            print(f"error: {sentence}", file=sys.stderr)
+            return 2
+        if os.environ.get("POLYMORPH_DEBUG"):
+            raise
+        print(
+            f"error: internal error ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); this is a bug in polymorph, please "
+            "report it (POLYMORPH_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,13 @@
-"""Exceptions whose message is one sentence for a person: shown as-is, never with a traceback."""
+"""Exceptions whose message is one sentence for a person: shown as-is, never with a traceback.
+
+``polymorph.cli`` is the one boundary that turns these, and the other error families a user can
+cause (store, OS, validation, overflow, bad numbers), into one line and exit status 2;
+``Interrupted`` (SIGINT or SIGTERM) into ``interrupted`` and 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import signal
 
 
 class UsageError(Exception):
@@ -13,4 +22,15 @@ class BuildError(Exception):
     """A build directory is malformed (bad build.toml, missing entry module, unknown knob value)."""
 
 
-__all__ = ["BuildError", "StoreError", "UsageError"]
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM asked the command to stop; ``signum`` says which (the exit status is 128 + it).
+
+    A ``KeyboardInterrupt``, so code that cleans up on Ctrl-C cleans up on SIGTERM too.
+    """
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+__all__ = ["BuildError", "Interrupted", "StoreError", "UsageError"]

@@ -63,14 +63,39 @@ class StrictModel(BaseModel):
         return self
 
 
+MAX_DURATION_S = 366 * 86400
+"""The longest duration anything accepts (``366d``): longer is a typo, and overflows timers."""
+
+
 def parse_duration(value: str) -> float:
-    """Seconds in a duration such as ``30s``, ``10m``, ``6h`` or ``1d``."""
-    match = _DURATION.match(value)
+    """Seconds in a duration such as ``30s``, ``10m``, ``6h`` or ``1d``: the one duration syntax.
+
+    Manifests and every command-line flag use it: a positive whole number, then a unit, at most
+    ``366d``. ``ValueError`` (one sentence saying what is allowed) otherwise.
+    """
+    text = value if isinstance(value, str) else ""
+    match = _DURATION.match(text) if len(text) <= 24 else None
     if match is None:
+        shown = shown_duration(value)
+        hint = ""
+        if re.fullmatch(r"0*(\.0*)?(s|m|h|d)?", text) and any(c == "0" for c in text):
+            hint = " (durations must be positive)"
+        elif re.fullmatch(r"[0-9]+", text):
+            hint = f" (add a unit: {text}s)"
         raise ValueError(
-            f"{value!r} is not a duration; use a positive integer with unit s, m, h or d, e.g. 30s, 10m, 6h, 1d"
+            f"{shown} is not a duration{hint}; use a positive whole number with unit s, m, h or d, "
+            "e.g. 30s, 10m, 6h, 1d"
         )
-    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{shown_duration(value)} is longer than the longest duration allowed, 366d")
+    return float(seconds)
+
+
+def shown_duration(value: str) -> str:
+    """``value`` quoted, cut to 40 characters, for messages."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_duration(value: str) -> str:
@@ -83,7 +108,7 @@ Duration = Annotated[
     Field(pattern=DURATION_PATTERN, json_schema_extra={"example": "10m"}),
     AfterValidator(_check_duration),
 ]
-"""A duration string: a positive integer with unit s, m, h or d."""
+"""A duration string: a positive integer with unit s, m, h or d, at most 366d."""
 
 BuildId = Annotated[str, Field(pattern=BUILD_ID_PATTERN)]
 """``reference`` or ``sha256:<64 lowercase hex>``."""
