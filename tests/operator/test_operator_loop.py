@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, progress, result
+
 from harness import (
     GROUP,
     NS,
@@ -21,7 +22,6 @@ from harness import (
     trace_agents,
     wait_for,
 )
-
 from polymorph.api import WorkloadProfile
 from polymorph.store import LocalStore, progress_key, result_key
 from support.k8s_emulator import EmulatorThread

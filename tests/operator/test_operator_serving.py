@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import GROUP, NS, Api, OperatorProcess, wait_for
-
 from support.k8s_binaries import kubectl
 from support.k8s_emulator import EmulatorThread
 
@@ -151,6 +150,15 @@ def test_delete_cleans_up_children(
     api.create(f"{GROUP}/namespaces/{NS}/compilejobs", job)
     wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual"))
     assert api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is not None
+    # A Job lost while the campaign runs is made again.
+    uid = api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual")["metadata"]["uid"]  # type: ignore[index]
+    api.delete(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual")
+    wait_for(
+        "the Job made again",
+        lambda: (
+            (j := api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual")) and j["metadata"]["uid"] != uid
+        ),
+    )
     # Deleting the CompileJob removes its Job and ConfigMap ...
     api.delete(f"{GROUP}/namespaces/{NS}/compilejobs/chat-manual")
     wait_for("the Job gone", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual") is None)

@@ -10,7 +10,9 @@
   job its ``lastCompileJob``; a Succeeded job with a best build becomes the deployment's
   ``candidateBuild`` (the deployment's rollout tick then starts the rollout under ``Auto``
   or waits for the approve annotation under ``Manual``).
-- Deleting a CompileJob deletes its ConfigMap and Job through their owner references.
+- A Job that disappears while the campaign runs is made again (the sandboxes resume from
+  their ledgers). Deleting the CompileJob deletes its ConfigMap and Job through their owner
+  references.
 
 It knows nothing about rollouts or drift.
 """
@@ -153,6 +155,11 @@ async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> 
         raise kopf.TemporaryError(f"could not read the campaign documents: {exc}", delay=10) from None
     except KubeError as exc:
         raise kopf.TemporaryError(f"could not read the sandbox Job: {exc}", delay=10) from None
+    if job is None and cj.status.jobName:
+        # The Job went away while the campaign runs (deleted by hand, or lost): make it again. The
+        # sandboxes resume from their ledgers in the store, so finished experiments are not rerun.
+        await create(body, patch, ctx)
+        return cj.status.phase
     now = ctx.clock()
     new = compilejobs.compilejob_status(cj, docs, result, job_observation(job), ledger, now)
     if new.phase != cj.status.phase:
