@@ -282,6 +282,7 @@ class Graph:
     tokens: torch.Tensor  # [bucket] int64
     logits: torch.Tensor | None = None  # [bucket, V] float32, rewritten by each replay
     graph: Any = None  # torch.cuda.CUDAGraph
+    host_slots: torch.Tensor | None = None  # [b] on the CPU: what ``slots`` holds now, if known
 
 
 class FusedDecoder:
@@ -416,10 +417,15 @@ class FusedDecoder:
             raise ValueError(f"decode got {b} rows but this cache was prepared for at most {cache.max_batch}")
         g = cache.captured[min(fits)]
         assert isinstance(g, Graph)
-        g.slots[:b].copy_(slots)
-        g.slots[b:].fill_(cache.scratch)
+        # A copy from pageable host memory waits for the stream to drain; successive steps of one
+        # batch pass the same slots, so copy them only when they change and the host runs ahead.
+        if slots.device.type != "cpu" or g.host_slots is None or not torch.equal(g.host_slots, slots):
+            g.slots[:b].copy_(slots)
+            g.slots[b:].fill_(cache.scratch)
+            g.host_slots = slots.clone() if slots.device.type == "cpu" else None
         g.tokens[:b].copy_(tokens)
-        g.tokens[b:].zero_()
+        if b < g.tokens.shape[0]:
+            g.tokens[b:].zero_()
         if g.graph is None:
             return self.step(cache, g.slots, g.tokens)[:b]
         g.graph.replay()
