@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,7 +41,14 @@ from polymorph.handlers.observability import object_log
 __all__ = ["CycleReport", "drift_cycle", "fleet_loop"]
 
 _WRITERS = 8  # concurrent status writes in one cycle
-_REFRESH_CYCLES = 10  # rewrite an unchanged drift status after this many cycles anyway
+_REFRESH_CYCLES = (
+    10  # rewrite an unchanged drift status after 10..19 cycles anyway (so checkedAt stays fresh)
+)
+
+
+def _refresh_cycles(name: str) -> int:
+    """10..19 cycles, fixed per deployment, so the refreshes of a large fleet spread over cycles."""
+    return _REFRESH_CYCLES + zlib.crc32(name.encode()) % _REFRESH_CYCLES
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ def _drift_patch(
     stale = (
         old_drift is None
         or old_drift.checkedAt is None
-        or now - old_drift.checkedAt >= timedelta(seconds=interval_s * _REFRESH_CYCLES)
+        or now - old_drift.checkedAt >= timedelta(seconds=interval_s * _refresh_cycles(md.metadata.name))
     )
     changed = (
         old_drift is None
