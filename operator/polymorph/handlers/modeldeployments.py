@@ -3,7 +3,8 @@
 A tick (on create, update, resume, and every ``--rollout-interval``) gathers inputs, calls
 the core and applies what it returns:
 - the spec through pydantic (a spec the CRD admits but the model refuses sets Degraded with
-  the one-sentence message and is a ``PermanentError``: no crash loop, no retry storm);
+  the one-sentence message; the change handler fails with ``PermanentError`` and the timer
+  waits for a fix: no crash loop, no retry storm);
 - the rollout state from ``status.polymorph.rollout``; the stable and canary Deployments from
   the kopf index of the Deployments the operator owns; the analysis (only when due) from the
   fleet-wide analysis samples plus the deployment's custom queries;
