@@ -6,7 +6,7 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv test lint typecheck unit demo e2e bench crds clean
+.PHONY: venv test lint typecheck unit demo e2e demo-fleet bench crds clean
 
 venv: $(DEV_STAMP)
 
@@ -44,8 +44,13 @@ test: lint typecheck unit
 demo: $(RUN_STAMP)
 	$(BIN)/polymorph compile
 
+# The whole loop (e2e/README.md): emulated control plane, real kubectl, operator, engines, Prometheus, S3 (moto).
 e2e: venv
 	$(BIN)/pytest -q e2e
+
+# The same scenario, narrated for a person to watch; ends with kubectl get md,cj.
+demo-fleet: venv
+	PYTHONPATH=tests:e2e $(BIN)/python e2e/demo_fleet.py
 
 bench: $(RUN_STAMP)
 	$(BIN)/python bench/hot_vs_cold.py --model tiny --json

@@ -255,6 +255,7 @@ class Fleet:
         self.store = open_store(self.store_uri, env=self.aws)
 
         targets = FileSD(self.workdir / "targets.json")
+        (self.workdir / "prometheus").mkdir(exist_ok=True)
         self.prometheus = PrometheusServer(workdir=self.workdir / "prometheus", targets_file=targets.path)
         self.prometheus.start()
         self._stack.append(self.prometheus.close)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness import NS, Fleet, slowed_build, wait_for
+from polymorph_engine.serving.metrics import TOKEN_BUCKETS
 from traffic import Shape, Traffic
 
 __all__ = ["MD", "SHAPE_A", "SHAPE_B", "Scenario", "compilejob", "deployment"]
@@ -174,22 +175,26 @@ class Scenario:
         op = self.fleet.operator
         return None if op is None else op.metric("polymorph_operator_drift_cycle_seconds_count")
 
-    def _window_is(self, low: int) -> bool:
-        """Prometheus's window holds only generations of at least ``low`` tokens (mean over it)."""
+    def _window_is(self, longest_prompt: int) -> bool:
+        """Prometheus's window holds requests, none with a prompt longer than ``longest_prompt``."""
         prom = self.fleet.prometheus
         if prom is None:
             return True
-        sel = f'{{model_deployment="{MD}"}}'
-        q = f"sum(increase(polymorph_generation_tokens_sum{sel}[{WINDOW_S}s])) / sum(increase(polymorph_generation_tokens_count{sel}[{WINDOW_S}s]))"
-        got = prom.query(q)
-        return bool(got) and float(got[0]["value"][1]) >= low
+        le = next(b for b in TOKEN_BUCKETS if b >= longest_prompt)
+        sel, w = f'model_deployment="{MD}"', f"[{WINDOW_S}s]"
+        total = prom.query(f"sum(increase(polymorph_prompt_tokens_count{{{sel}}}{w}))")
+        short = prom.query(f'sum(increase(polymorph_prompt_tokens_bucket{{{sel},le="{le:g}"}}{w}))')
+        if not total or not short:
+            return False
+        n, within = float(total[0]["value"][1]), float(short[0]["value"][1])
+        return n >= 10 and n - within < 0.5
 
     def shift_and_unpin(self) -> dict[str, Any]:
         f = self.fleet
         assert self.traffic is not None
         self.traffic.shift(SHAPE_B)
         self.say(f"traffic shifts: {SHAPE_B.describe()}")
-        self.wait("a window of shape B only", lambda: self._window_is(int(SHAPE_B.output[0] * 0.95)), 90)
+        self.wait("a window of shape B only", lambda: self._window_is(SHAPE_B.prompt[1] + 1), 90)
         self.say("kubectl apply: the pin removed (GitOps)")
         f.apply(deployment())
         cj = self.wait("a CompileJob", lambda: f.compilejobs(), 60)[0]

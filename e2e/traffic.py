@@ -26,7 +26,7 @@ import httpx
 
 from executor import Endpoint
 
-__all__ = ["Shape", "Traffic", "TrackStats"]
+__all__ = ["Shape", "TrackStats", "Traffic"]
 
 TRACK = "polymorph.dev/track"
 
@@ -117,7 +117,10 @@ class Traffic:
                 try:
                     r = http.post(
                         f"{endpoint.url}/v1/completions",
-                        json={"prompt": "the quick brown fox " * (prompt // 20 + 1), "max_tokens": output},
+                        json={
+                            "prompt": ("the quick brown fox " * (prompt // 20 + 1))[:prompt],
+                            "max_tokens": output,
+                        },
                     )
                     ok = r.status_code == 200
                     tokens = int(r.json()["usage"]["completion_tokens"]) if ok else 0
