@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,14 @@ from pydantic import ValidationError
 from polymorph.api import CompileJob, ModelDeployment, ModelDeploymentSpec
 from polymorph.cli import main
 from polymorph.errors import UsageError
-from polymorph.validate import check_text, format_path, format_validation_error, load_manifest
+from polymorph.validate import (
+    MAX_YAML_NODES,
+    check_text,
+    format_path,
+    format_validation_error,
+    load_manifest,
+    load_yaml,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 MD: dict[str, Any] = yaml.safe_load((EXAMPLES / "modeldeployment-full.yaml").read_text())
@@ -473,7 +481,9 @@ def test_check_text_is_pure() -> None:
     [
         ("? [a, b]\n: c\n", "invalid YAML at line 1, column 3: a mapping key must be a plain value"),
         ("a: !!python/object:os.system x\n", "invalid YAML at line 1"),
-        ("a: &x [1]\nb: *y\n", "invalid YAML at line 2, column 4: found undefined alias 'y'"),
+        ("a: &x [1]\nb: *y\n", "invalid YAML at line 2, column 4: found undefined alias"),
+        ("a: &x [1, *x]\n", "invalid YAML at line 1"),
+        ("a: " + "[" * 100_000 + "\n", "invalid YAML at line 1"),
     ],
 )
 def test_hostile_yaml_is_one_line(
@@ -488,3 +498,67 @@ def test_binary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     path = tmp_path / "blob.yaml"
     path.write_bytes(b"\xff\xfe\x00binary")
     assert run_validate(capsys, path) == (1, [f"{path}: not a UTF-8 text file"])
+
+
+def _laughs(levels: int, fanout: int = 9) -> str:
+    """A "billion laughs": ``levels`` anchors, each a list of ``fanout`` aliases of the one before."""
+    lines = ["l0: &l0 [" + ", ".join(['"lol"'] * fanout) + "]"]
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * fanout) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_billion_laughs_in_kind_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, f"apiVersion: polymorph.dev/v1alpha1\n{_laughs(9)}kind: *l8\n")
+    started = time.monotonic()
+    code, lines = run_validate(capsys, path)
+    assert time.monotonic() - started < 5  # expanded, this is 387 million strings
+    assert code == 1 and len(lines) == 1
+    assert f"aliases expand to more than {MAX_YAML_NODES} nodes" in lines[0], lines
+
+
+def test_a_huge_unknown_kind_or_field_gets_no_fuzzy_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    huge = "ModelDeploymen" + "t" * 200_000
+    doc = edit(MD, lambda d: d["spec"].update({"x" * 200_000: 1}))
+    path = write(tmp_path, yaml.safe_dump({**MD, "kind": huge}) + "---\n" + yaml.safe_dump(doc))
+    started = time.monotonic()
+    code, lines = run_validate(capsys, path)
+    assert time.monotonic() - started < 5
+    assert code == 1 and len(lines) == 2 and all(len(line) < 1000 for line in lines), lines
+    assert "unknown kind" in lines[0] and "did you mean" not in lines[0]
+
+
+def _many(n: int) -> str:
+    one = yaml.safe_dump(MD) + "---\n" + yaml.safe_dump(CJ)
+    return "---\n".join([one] * (n // 2))
+
+
+def test_validation_is_linear_in_the_number_of_documents() -> None:
+    def seconds(n: int) -> float:
+        text = _many(n)
+        started = time.perf_counter()
+        objects, _, problems = check_text(text, "many.yaml")
+        assert len(objects) == n and not problems
+        return time.perf_counter() - started
+
+    seconds(100)  # warm caches (pydantic, regexes)
+    small, large = seconds(400), seconds(1600)
+    assert large / small < 8, (small, large)  # 4x the documents; quadratic would be ~16x
+
+
+def test_load_yaml_refuses_duplicates_aliases_and_several_documents() -> None:
+    assert load_yaml("a: 1\nb: [x]\n", "f.yaml") == {"a": 1, "b": ["x"]}
+    assert load_yaml("", "f.yaml") is None
+    for text, expected in [
+        ("a: 1\na: 2\n", "f.yaml: invalid YAML at line 2, column 1: duplicate key 'a'"),
+        (_laughs(9), f"more than {MAX_YAML_NODES} nodes"),
+        ("a: 1\n---\nb: 2\n", "f.yaml: holds 2 YAML documents; expected one"),
+        ("a: [1\n", "f.yaml: invalid YAML at line"),
+    ]:
+        with pytest.raises(UsageError) as err:
+            load_yaml(text, "f.yaml")
+        assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
