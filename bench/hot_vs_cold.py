@@ -67,6 +67,14 @@ VARIANTS: list[dict[str, Any]] = [
         "sampling": "device",
         "decode_capture": "cuda_graph",
     },
+    # The whole decode step under one CUDA graph, Triton kernels, one capture bucket (issue 12's K1).
+    {
+        "kv_cache": "static",
+        "decode_step": "fused",
+        "kernels": "triton",
+        "capture_buckets": "max",
+        "sampling": "device",
+    },
 ]
 
 
@@ -202,7 +210,7 @@ def decode_batch1(engine: Any, build: Path, prompt_len: int, steps: int, device:
 
     hotpath = engine.load_build(build).hotpath
     cache = hotpath.new_cache(1, prompt_len + steps + 16)
-    slots = torch.zeros(1, dtype=torch.int64, device=device)
+    slots = torch.zeros(1, dtype=torch.int64)  # on the CPU, as the hot-path contract asks
     prompt = torch.arange(prompt_len, dtype=torch.int64, device=device) % engine.model.config.vocab_size
     token = hotpath.sample(hotpath.prefill(cache, 0, prompt)[None])
     for _ in range(8):  # warm-up: kernels, allocator, captured graphs
