@@ -9,6 +9,10 @@ for the first); a sampled length is uniform inside its bucket. Profile workloads
 loop: every request arrives at offset 0 and at most ``concurrency`` run at once. Trace
 workloads are open loop: each request arrives at its offset.
 
+Workload files: a trace is named ``*.jsonl`` (any case) or is JSON lines whatever its name; any
+other file is a YAML/JSON profile, read with ``polymorph.validate.load_yaml`` (duplicate keys and
+alias bombs refused) and checked with ``polymorph validate``'s phrasing for field errors.
+
 Trace lines are ``TraceLine`` documents: JSON objects ``{"inputTokens": int >= 1, "outputTokens":
 int >= 1, "arrivalS": float >= 0}`` (seconds since the trace start; ``arrival`` and ``offsetS``
 are accepted as spellings of ``arrivalS``, which defaults to 0). ``profile_of`` derives a trace's
@@ -26,11 +30,11 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from polymorph.api import Histogram, WorkloadProfile
 from polymorph.errors import UsageError
+from polymorph.validate import format_validation_error, load_yaml
 
 __all__ = [
     "DEFAULT_WORKLOAD",
@@ -38,9 +42,11 @@ __all__ = [
     "TraceLine",
     "Workload",
     "fit_workload",
+    "is_trace",
     "load_workload",
     "parse_trace",
     "profile_of",
+    "read_profile",
     "sample_requests",
     "workload_from_profile",
 ]
@@ -194,28 +200,47 @@ def load_workload(path: str | Path, n: int = 64, seed: int = 0) -> Workload:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"workload file {path} is not a UTF-8 text file.") from None
     except OSError as exc:
         raise UsageError(f"cannot read workload file {path}: {exc.strerror or exc}.") from None
-    if path.suffix == ".jsonl":
+    if is_trace(path, text):
         return parse_trace(text.splitlines(), source=str(path))
+    return workload_from_profile(read_profile(text, str(path)), n=n, seed=seed)
+
+
+def is_trace(path: Path, text: str) -> bool:
+    """Whether a workload file is a JSON-lines trace: named ``*.jsonl`` (any case), or its first
+    line is a JSON object naming ``inputTokens`` and more lines follow (a trace saved as ``.json``)."""
+    if path.suffix.lower() == ".jsonl":
+        return True
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or not lines[0].lstrip().startswith("{"):
+        return False
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise UsageError(f"workload file {path} is neither YAML nor JSON.") from None
+        first = json.loads(lines[0])
+    except json.JSONDecodeError:
+        return False
+    return isinstance(first, dict) and "inputTokens" in first
+
+
+def read_profile(text: str, source: str) -> WorkloadProfile:
+    """A WorkloadProfile from YAML/JSON text (bare, or wrapped as ``{profile: ...}``); ``UsageError``
+    naming ``source`` and the field, in ``polymorph validate``'s words, otherwise."""
+    doc = load_yaml(text, f"workload file {source}")
     if isinstance(doc, dict) and set(doc) == {"profile"}:
         doc = doc["profile"]
     if not isinstance(doc, dict):
         raise UsageError(
-            f"workload file {path} must hold a profile with inputTokens, outputTokens and concurrency, or be a .jsonl trace."
+            f"workload file {source} must hold a profile with inputTokens, outputTokens and concurrency, "
+            "or be a JSON-lines trace (.jsonl)."
         )
     try:
-        profile = WorkloadProfile.model_validate(doc)
+        return WorkloadProfile.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "profile"
-        raise UsageError(f"workload file {path}: {where}: {err['msg']}.") from None
-    return workload_from_profile(profile, n=n, seed=seed)
+        lines = format_validation_error(exc, root=WorkloadProfile)
+        raise UsageError(f"workload file {source}: {lines[0]}.") from None
 
 
 def fit_workload(

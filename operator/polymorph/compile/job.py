@@ -16,11 +16,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-
 from polymorph.api import API_VERSION, CompileJob, CompileJobSpec, WorkloadProfile
 from polymorph.errors import UsageError
-from polymorph.validate import validate_document
+from polymorph.validate import load_yaml, validate_document
 from polymorph.workload import DEFAULT_WORKLOAD
 
 __all__ = ["SPEC_ENV", "read_compilejob", "sandbox_index", "workload_identity"]
@@ -43,10 +41,7 @@ def read_compilejob(
         text, where = env[SPEC_ENV], f"${SPEC_ENV}"
     else:
         raise UsageError(f"no CompileJob given: pass --spec FILE or set {SPEC_ENV} to its JSON or YAML")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise UsageError(f"the CompileJob in {where} is neither JSON nor YAML") from None
+    doc = load_yaml(text, f"the CompileJob in {where}")  # duplicate keys and alias bombs are refused
     if not isinstance(doc, dict):
         raise UsageError(f"the CompileJob in {where} must be an object with spec (and metadata)")
     whole = "spec" in doc
@@ -59,7 +54,8 @@ def read_compilejob(
         obj = {"apiVersion": API_VERSION, "kind": "CompileJob", "metadata": {"name": "sandbox"}, "spec": doc}
     job, _, problems = validate_document(obj)
     if problems or not isinstance(job, CompileJob):
-        raise UsageError(f"the CompileJob in {where} is invalid: {problems[0] if problems else 'spec'}")
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise UsageError(f"the CompileJob in {where} is invalid: {problems[0] if problems else 'spec'}{more}")
     metadata = job.metadata.model_dump(mode="json", exclude_none=True) if whole else {}
     return job.spec, {k: str(v) for k, v in metadata.items() if isinstance(v, str)}
 
