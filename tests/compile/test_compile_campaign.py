@@ -1,19 +1,22 @@
-"""Campaign, ledger and SearchAgent logic, with a model-free runner whose speed is a function of the knobs.
+"""Campaign, ledger, paired selection and SearchAgent logic, with a model-free runner whose speed is a function of the knobs.
 
 The runner reads the candidate's real build.toml (written by ``knob_variant``) and returns
-figures from a known landscape, so the search and the noise-aware selection can be checked
-exactly. Real-engine runs are covered in test_compile_cli.py and test_compile_sandbox.py.
+figures (fixed, symmetric pass-to-pass spreads) from a known landscape, paired with the
+baseline's when asked, so the search and the paired selection can be checked exactly. Real-engine runs are covered in test_compile_cli.py and test_compile_sandbox.py.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from polymorph import stats
 from polymorph.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
+from polymorph.api.build import PairedComparison
 from polymorph.api.common import Constraint, Histogram, WorkloadProfile
 from polymorph.builds import read_build
 from polymorph.compile.agents.base import BudgetExhausted
@@ -28,7 +31,7 @@ from polymorph.compile.agents.search import (
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.compile.selection import budget_share, compare, select_result
-from polymorph.store import open_store
+from polymorph.store import build_id, open_store
 
 PROFILE = WorkloadProfile(
     inputTokens=Histogram(bounds=[16], counts=[1]),
@@ -61,44 +64,84 @@ SPEED = {
 }
 
 
-def figures(tps: float, noise: float = 0.02, itl: float = 10.0) -> Figures:
+OFFSETS = (0.0, 1.0, -1.0, 0.5, -0.5, 0.25)
+"""Relative offsets of a build's passes, in units of its jitter: a fixed, symmetric spread."""
+
+
+def passes(value: float, jitter: float, shift: int = 0) -> list[float]:
+    n = len(OFFSETS)
+    return [value * (1 + jitter * OFFSETS[(i + shift) % n]) for i in range(n)]
+
+
+def figures(tps: float, noise: float = 0.01, itl: float = 10.0, shift: int = 0) -> Figures:
+    reps = passes(tps, noise, shift)
     return Figures(
-        outputTokensPerSecond=tps,
-        totalTokensPerSecond=tps * 2,
+        outputTokensPerSecond=statistics.median(reps),
+        totalTokensPerSecond=statistics.median(reps) * 2,
         ttftP50Ms=5,
         ttftP95Ms=6,
         itlP50Ms=itl,
         itlP95Ms=itl,
         noise=noise,
-        repeats=[tps] * 3,
+        repeats=reps,
+        ttftP95Repeats=[6.0] * len(reps),
+        itlP95Repeats=passes(itl, noise, shift),
     )
 
 
+def paired(cand: Figures, base: Figures, against: str) -> PairedComparison:
+    est = stats.paired_ratio(cand.repeats, base.repeats)
+    return PairedComparison(
+        against=against,
+        ratio=est.value,
+        lo=est.lo,
+        hi=est.hi,
+        pairs=est.n,
+        halfWidth=est.half_width,
+        baseline=base,
+    )
+
+
+VER = Verification(tokenAgreement=1.0, logitError=0.0, finite=True, passed=True)
+
+
 class LandscapeRunner:
-    """Figures from SPEED; records every build it was asked to run."""
+    """Figures from SPEED, paired with ``against``'s figures when asked; records every run as
+    (knobs, the knobs it was paired against or None)."""
 
-    def __init__(self, reject: dict[str, Any] | None = None) -> None:
-        self.ran: list[dict[str, Any]] = []
+    def __init__(self, reject: dict[str, Any] | None = None, jitter: float = 0.01) -> None:
+        self.ran: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         self.reject = reject or {}
+        self.jitter = jitter
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
-        knobs = read_build(build_dir).defaults()
-        self.ran.append(knobs)
-        if any(knobs.get(k) == v for k, v in self.reject.items()):
-            ver = Verification(tokenAgreement=0.5, logitError=3.0, finite=True, passed=False)
-            return ExperimentRecord(build="x", status="rejected", verification=ver, knobs=knobs)
+    def speed(self, knobs: dict[str, Any]) -> float:
         tps = 100.0
         for name, value in knobs.items():
             tps *= SPEED[name][value]
-        ver = Verification(tokenAgreement=1.0, logitError=0.0, finite=True, passed=True)
+        return tps
+
+    def figures_of(self, knobs: dict[str, Any], shift: int = 0) -> Figures:
         # Bigger batches have worse inter-token latency.
+        return figures(self.speed(knobs), self.jitter, itl=5.0 * int(knobs["batch"]), shift=shift)
+
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+        knobs = read_build(build_dir).defaults()
+        base_knobs = read_build(against).defaults() if against is not None else None
+        self.ran.append((knobs, base_knobs))
+        if any(knobs.get(k) == v for k, v in self.reject.items()):
+            ver = Verification(tokenAgreement=0.5, logitError=3.0, finite=True, passed=False)
+            return ExperimentRecord(build="x", status="rejected", verification=ver, knobs=knobs)
+        fig = self.figures_of(knobs)
+        comparison = None
+        if against is not None and base_knobs is not None:
+            comparison = paired(fig, self.figures_of(base_knobs, shift=1), build_id(against))
         return ExperimentRecord(
-            build="x",
-            status="passed",
-            verification=ver,
-            figures=figures(tps, itl=5.0 * int(knobs["batch"])),
-            knobs=knobs,
+            build="x", status="passed", verification=VER, figures=fig, comparison=comparison, knobs=knobs
         )
+
+
+def keys_of(ran: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> list[str]:
+    return [config_key(k) + "|" + (config_key(b) if b is not None else "") for k, b in ran]
 
 
 @pytest.fixture()
@@ -130,31 +173,55 @@ def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, bas
     store = open_store(str(tmp_path / "store"))
     runner = LandscapeRunner()
     out = Campaign(settings(base, confirm=True), store, runner).run(SearchAgent())
-    # The winner is confirmed by re-measuring the baseline and it back to back, outside the ledger.
-    assert out.result.confirmation.confirmed and out.result.confirmation.speedup == pytest.approx(6.0)
-    searched, confirmation = runner.ran[:-2], runner.ran[-2:]
-    assert confirmation == [read_build(base).defaults(), {"batch": 8, "attn": "fused", "cache": "concat"}]
-    keys = [config_key(k) for k in searched]
+    best_knobs = {"batch": 8, "attn": "fused", "cache": "concat"}
+    defaults = read_build(base).defaults()
+    # The winner is confirmed by one more run paired with the baseline, outside the ledger.
+    searched, confirmation = runner.ran[:-1], runner.ran[-1]
+    assert confirmation == (best_knobs, defaults)
+    assert out.result.confirmation.confirmed and out.result.confirmation.speedup == pytest.approx(
+        6.0, rel=0.01
+    )
+    assert out.result.confirmation.pairs == 6 and out.result.confirmation.speedupCi[0] > 1.05
+    keys = keys_of(searched)
     assert len(keys) == len(set(keys)), "an experiment ran twice"
+    # The baseline ran alone; every candidate was paired (the sweep with the baseline).
+    assert searched[0] == (defaults, None) and all(b is not None for _, b in searched[1:])
     assert out.stopReason == "finished"
     assert out.result.state == "improved"
-    assert out.result.best.knobs == {
-        "batch": 8,
-        "attn": "fused",
-        "cache": "concat",
-    }
-    assert out.result.best.speedup == pytest.approx(6.0)
+    assert out.result.best.knobs == best_knobs
+    assert out.result.best.speedup == pytest.approx(6.0, rel=0.01) and out.result.best.pairs == 6
+    assert out.result.best.speedupCi[0] < 6.0 < out.result.best.speedupCi[1]
     # The best build is in the store with its manifest: knobs, workload and figures.
     manifest = store.get_manifest(out.result.best.build)
     assert manifest.knobs["batch"] == 8 and manifest.workload == PROFILE
-    assert manifest.figures is not None and manifest.figures.outputTokensPerSecond == pytest.approx(600.0)
+    assert manifest.figures is not None and manifest.figures.outputTokensPerSecond == pytest.approx(
+        600.0, rel=0.01
+    )
     assert out.bestUri and out.bestUri.endswith(".tar.gz")
     # Ledger, progress and result live under compilejobs/local/toy-<uid>/.
     paths = settings(base).paths
     assert len(store.read_jsonl(paths.ledger(0))) == len(searched)
     progress = store.get_json(paths.progress(0))
     assert progress["counts"]["total"] == len(searched) and progress["state"] == "finished"
+    assert progress["best"]["significant"] and progress["best"]["pairs"] == 6
     assert store.get_json(paths.result)["best"]["build"] == out.result.best.build
+
+
+def test_greedy_accumulates_gains_and_pairs_each_step_with_the_current_best(
+    tmp_path: Path, base: Path
+) -> None:
+    runner = LandscapeRunner()
+    Campaign(settings(base), open_store(str(tmp_path / "store")), runner).run(SearchAgent())
+    defaults = read_build(base).defaults()
+    # Sweep: batch=8 (4x) is the largest gain, so it is tried first; attn=fused (1.5x) is then added
+    # to it and judged against batch=8, not against the baseline.
+    combined = {"batch": 8, "attn": "fused", "cache": "concat"}
+    assert (combined, defaults | {"batch": 8}) in runner.ran
+    # The slower static cache is never part of a combination the search kept.
+    kept = [k for k, b in runner.ran if b is not None and b != defaults]
+    assert all(b["cache"] == "concat" for k, b in runner.ran if b is not None) and kept
+    # The final configuration was measured paired with the baseline (what the selection judges).
+    assert (combined, defaults) in runner.ran
 
 
 def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, base: Path) -> None:
@@ -170,7 +237,7 @@ def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, ba
         SearchAgent()
     )
     assert out2.fromLedger == 4
-    keys = [config_key(k) for k in first.ran + second.ran]
+    keys = keys_of(first.ran + second.ran)
     assert len(keys) == len(set(keys))
     assert out2.result.best.knobs["batch"] == 8
 
@@ -179,9 +246,11 @@ def test_deadline_is_enforced_with_a_fake_clock(tmp_path: Path, base: Path) -> N
     now = [0.0]
 
     class SlowRunner(LandscapeRunner):
-        def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+        def run(
+            self, build_dir: Path, *, description: str = "", against: Path | None = None
+        ) -> ExperimentRecord:
             now[0] += 25.0  # each experiment takes 25 s of campaign time
-            return super().run(build_dir, description=description)
+            return super().run(build_dir, description=description, against=against)
 
     store = open_store(str(tmp_path / "store"))
     runner = SlowRunner()
@@ -216,37 +285,63 @@ def test_sandboxes_explore_disjoint_shares(tmp_path: Path, base: Path) -> None:
         runner = LandscapeRunner()
         s = settings(base, sandbox=i, budget=Budget(maxExperiments=40, sandboxes=2))
         Campaign(s, store, runner).run(SearchAgent())
-        assert runner.ran[0] == read_build(base).defaults(), "every sandbox measures its own baseline"
-        ran.append({config_key(k) for k in runner.ran[1:]})
+        assert runner.ran[0] == (read_build(base).defaults(), None), "every sandbox measures its own baseline"
+        ran.append({config_key(k) for k, _ in runner.ran[1:]})
     assert ran[0] and ran[1] and not ran[0] & ran[1]
     # The last sandbox to finish writes the result from both ledgers.
     result = store.get_json(settings(base).paths.result)
-    assert result["experiments"]["total"] == len(ran[0]) + len(ran[1]) + 2
+    assert result["experiments"]["total"] >= len(ran[0]) + len(ran[1]) + 2
 
 
 def test_a_win_that_does_not_hold_up_is_not_declared(tmp_path: Path, base: Path) -> None:
     class SpikeRunner(LandscapeRunner):
-        """Every knob is neutral, but the first baseline ran during a load spike (half speed)."""
+        """Every knob is neutral, but the baseline passes of the first paired run hit a load spike."""
 
-        def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
-            record = super().run(build_dir, description=description)
-            assert record.figures is not None
-            tps = 50.0 if len(self.ran) == 1 else 100.0
-            return record.model_copy(update={"figures": figures(tps)})
+        def figures_of(self, knobs: dict[str, Any], shift: int = 0) -> Figures:
+            spiked = len(self.ran) == 2 and shift == 1
+            return figures(50.0 if spiked else 100.0, self.jitter, shift=shift)
 
     store = open_store(str(tmp_path / "store"))
     out = Campaign(settings(base, confirm=True), store, SpikeRunner()).run(SearchAgent())
     assert out.result.confirmation.confirmed is False
+    assert out.result.confirmation.speedup == pytest.approx(1.0, rel=0.02)
     assert out.result.state == "noImprovement" and out.result.best is None
-    assert "did not hold up" in out.result.message and out.result.bestCandidate.speedup == pytest.approx(2.0)
+    assert "did not hold up" in out.result.message
+    assert out.result.bestCandidate.speedup == pytest.approx(2.0, rel=0.02)
 
 
-def test_noise_rule_and_helpers() -> None:
+def record(build: str, fig: Figures, comparison: PairedComparison | None = None) -> ExperimentRecord:
+    return ExperimentRecord(
+        build=build, status="passed", verification=VER, figures=fig, comparison=comparison
+    )
+
+
+BASE_ID, CAND_ID = "sha256:" + "0" * 64, "sha256:" + "a" * 64
+
+
+def test_paired_rule_and_helpers() -> None:
     obj = Objective()
-    assert compare(figures(110, 0.01), figures(100, 0.01), obj, 1.05).significant
-    assert not compare(figures(110, 0.05), figures(100, 0.05), obj, 1.05).significant  # inside the noise
+    base = record(BASE_ID, figures(100))
+
+    def cand(tps: float, jitter: float, base_tps: float = 100.0) -> ExperimentRecord:
+        fig = figures(tps, jitter)
+        return record(CAND_ID, fig, paired(fig, figures(base_tps, jitter, shift=1), BASE_ID))
+
+    assert compare(cand(110, 0.01), base, obj, 1.05).significant
+    assert not compare(cand(110, 0.08), base, obj, 1.05).significant  # the interval reaches below 1.05
+    assert not compare(cand(103, 0.005), base, obj, 1.05).significant  # surely faster, not by the gate
+    # Unpaired figures are never a win, however large the ratio: separate measurements drift.
+    unpaired = compare(record(CAND_ID, figures(200)), base, obj, 1.05)
+    assert unpaired.speedup == pytest.approx(2.0) and not unpaired.significant
+    # Paired with another build than the one compared against: treated as unpaired.
+    other = cand(150, 0.01).model_copy(update={"comparison": paired(figures(150), figures(100), CAND_ID)})
+    assert not compare(other, base, obj, 1.05).significant
+    # A latency objective pairs the per-pass p95 lists; a speedup > 1 means lower latency.
     lat = Objective(metric="itlP95")
-    assert compare(figures(100, itl=5.0), figures(100, itl=10.0), lat, 1.05).speedup == pytest.approx(2.0)
+    fast, slow = figures(100, itl=5.0), figures(100, itl=10.0, shift=1)
+    assert compare(
+        record(CAND_ID, fast, paired(fast, slow, BASE_ID)), base, lat, 1.05
+    ).speedup == pytest.approx(2.0, rel=0.02)
     assert [budget_share(10, 3, i) for i in range(3)] == [4, 3, 3]
     assert owner({"a": 1}, 1) == 0
     defaults = {"a": 1, "b": "x"}
@@ -254,15 +349,34 @@ def test_noise_rule_and_helpers() -> None:
     assert neighbours({"a": 2}, {"a": [1, 2, 3]}) == [{"a": 1}, {"a": 3}]
 
 
+def test_one_wild_pair_does_not_flip_the_verdict() -> None:
+    # The failed ledger of the issue: 1.43x with every candidate pass above every baseline pass,
+    # lost to one slow baseline pass under the old range rule. Paired, it stays a win.
+    base_passes = [2898.0, 2677.0, 2912.0, 2964.0, 2957.0]
+    cand_passes = [4190.0, 4167.0, 4209.0, 4146.0, 4112.0]
+    b, c = figures(2900), figures(4170)
+    b = b.model_copy(update={"repeats": base_passes})
+    c = c.model_copy(update={"repeats": cand_passes})
+    won = compare(record(CAND_ID, c, paired(c, b, BASE_ID)), record(BASE_ID, b), Objective(), 1.05)
+    assert won.significant and won.speedup == pytest.approx(1.43, abs=0.02)
+    # A wild candidate pass (3x slow) among six does not turn it either.
+    c6 = c.model_copy(update={"repeats": [*cand_passes, 1400.0]})
+    b6 = b.model_copy(update={"repeats": [*base_passes, 2900.0]})
+    assert compare(
+        record(CAND_ID, c6, paired(c6, b6, BASE_ID)), record(BASE_ID, b6), Objective(), 1.05
+    ).significant
+
+
 def test_no_improvement_is_explicit() -> None:
-    ver = Verification(tokenAgreement=1, logitError=0, finite=True, passed=True)
-    base = ExperimentRecord(build="reference", status="passed", verification=ver, figures=figures(100, 0.1))
-    cand = ExperimentRecord(
-        build="sha256:" + "a" * 64, status="passed", verification=ver, figures=figures(112, 0.1)
-    )
-    doc = select_result({0: [base, cand]}, "reference", Objective(), Gates()).model_dump(mode="json")
+    base = record(BASE_ID, figures(100, 0.1))
+    fig = figures(112, 0.1)
+    cand = record(CAND_ID, fig, paired(fig, figures(100, 0.1, shift=1), BASE_ID))
+    doc = select_result({0: [base, cand]}, BASE_ID, Objective(), Gates()).model_dump(mode="json")
     assert doc["state"] == "noImprovement" and doc["best"] is None
-    assert doc["bestCandidate"]["speedup"] == pytest.approx(1.12)
+    assert doc["bestCandidate"]["speedup"] == pytest.approx(1.12, rel=0.02)
+    lo, hi = doc["bestCandidate"]["speedupCi"]
+    assert lo < 1.05 < hi and doc["bestCandidate"]["pairs"] == 6
+    assert "does not clear the 1.05x gate" in doc["message"]
     json.dumps(doc)
 
 
@@ -292,15 +406,21 @@ class InteractionRunner:
     def __init__(self) -> None:
         self.ran: list[dict[str, Any]] = []
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+    @staticmethod
+    def speed(knobs: dict[str, Any]) -> float:
+        tps = 100.0 * (0.95 if knobs["cache"] == "static" else 1.0)
+        return tps * 3.0 if knobs["capture"] == "graph" and knobs["cache"] == "static" else tps
+
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
         knobs = read_build(build_dir).defaults()
         self.ran.append(knobs)
-        tps = 100.0 * (0.95 if knobs["cache"] == "static" else 1.0)
-        if knobs["capture"] == "graph" and knobs["cache"] == "static":
-            tps *= 3.0
-        ver = Verification(tokenAgreement=1.0, logitError=0.0, finite=True, passed=True)
+        fig = figures(self.speed(knobs))
+        comparison = None
+        if against is not None:
+            base_fig = figures(self.speed(read_build(against).defaults()), shift=1)
+            comparison = paired(fig, base_fig, build_id(against))
         return ExperimentRecord(
-            build="x", status="passed", verification=ver, figures=figures(tps), knobs=knobs
+            build="x", status="passed", verification=VER, figures=fig, comparison=comparison, knobs=knobs
         )
 
 
@@ -314,7 +434,7 @@ def test_search_applies_what_a_knob_requires(tmp_path: Path) -> None:
     assert {"cache": "concat", "capture": "graph"} not in runner.ran, "a no-op configuration was run"
     assert out.result.state == "improved"
     assert out.result.best.knobs == {"cache": "static", "capture": "graph"}
-    keys = [config_key(k) for k in runner.ran]
+    keys = [config_key(k) for k in runner.ran[:-1]]  # the last is the confirmation
     assert len(keys) == len(set(keys)), "an experiment ran twice"
 
 

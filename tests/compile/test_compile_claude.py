@@ -22,13 +22,15 @@ from typing import Any
 import pytest
 from fake_anthropic import FakeAnthropic, Reply, error, message, result_text, text, tool_results, tool_use
 
+from polymorph import stats
 from polymorph.api import Budget, ExperimentRecord, Figures, Verification
+from polymorph.api.build import PairedComparison
 from polymorph.api.common import Histogram, WorkloadProfile
 from polymorph.builds import read_build
 from polymorph.compile.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths
-from polymorph.store import open_store
+from polymorph.store import build_id, open_store
 
 WRONG = '''"""A deliberately wrong build: the reference hot path with negated logits."""
 from .hotpath import load as _load
@@ -181,21 +183,43 @@ def test_claude_campaign_over_the_wire_on_the_real_engine(tmp_path: Path) -> Non
 TOML = '[build]\nname = "toy"\n\n[knobs.batch]\nchoices = [1, 2]\ndefault = 1\n'
 
 
+def _toy_figures(tps: float, shift: int = 0) -> Figures:
+    offsets = (0.0, 0.01, -0.01, 0.005, -0.005)
+    reps = [tps * (1 + offsets[(i + shift) % len(offsets)]) for i in range(len(offsets))]
+    return Figures(
+        outputTokensPerSecond=tps,
+        totalTokensPerSecond=tps,
+        ttftP50Ms=1,
+        ttftP95Ms=1,
+        itlP50Ms=1,
+        itlP95Ms=1,
+        noise=0.01,
+        repeats=reps,
+    )
+
+
 class ToyRunner:
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
-        batch = int(read_build(build_dir).defaults()["batch"])
-        tps = 100.0 * batch
-        fig = Figures(
-            outputTokensPerSecond=tps,
-            totalTokensPerSecond=tps,
-            ttftP50Ms=1,
-            ttftP95Ms=1,
-            itlP50Ms=1,
-            itlP95Ms=1,
-            noise=0.01,
-        )
+    """tok/s = 100 x batch, paired with ``against``'s figures when asked."""
+
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+        fig = _toy_figures(100.0 * int(read_build(build_dir).defaults()["batch"]))
+        comparison = None
+        if against is not None:
+            base = _toy_figures(100.0 * int(read_build(against).defaults()["batch"]), shift=1)
+            est = stats.paired_ratio(fig.repeats, base.repeats)
+            comparison = PairedComparison(
+                against=build_id(against),
+                ratio=est.value,
+                lo=est.lo,
+                hi=est.hi,
+                pairs=est.n,
+                halfWidth=est.half_width,
+                baseline=base,
+            )
         ver = Verification(tokenAgreement=1, logitError=0, finite=True, passed=True)
-        return ExperimentRecord(build="x", status="passed", verification=ver, figures=fig)
+        return ExperimentRecord(
+            build="x", status="passed", verification=ver, figures=fig, comparison=comparison
+        )
 
 
 def _campaign(tmp_path: Path) -> Campaign:
@@ -262,7 +286,7 @@ def test_end_turn_without_finish_and_max_tokens_nudge(
     assert (
         out.result.state == "improved"
         and out.result.best is not None
-        and out.result.best.speedup == pytest.approx(2.0)
+        and out.result.best.speedup == pytest.approx(2.0, rel=0.01)
     )
 
 

@@ -6,7 +6,7 @@ import io
 from datetime import UTC, datetime
 
 from polymorph.api import ExperimentRecord, Figures, Objective, Verification
-from polymorph.api.build import TokenUsage
+from polymorph.api.build import PairedComparison, TokenUsage
 from polymorph.compile.documents import Counts, Progress, ProgressBudget, Standing
 from polymorph.compile.report import Display
 from polymorph.workload import parse_trace, profile_of
@@ -17,8 +17,8 @@ class Terminal(io.StringIO):
         return True
 
 
-def _record(build: str, tps: float, description: str) -> ExperimentRecord:
-    fig = Figures(
+def _figures(tps: float) -> Figures:
+    return Figures(
         outputTokensPerSecond=tps,
         totalTokensPerSecond=tps,
         ttftP50Ms=1,
@@ -26,10 +26,32 @@ def _record(build: str, tps: float, description: str) -> ExperimentRecord:
         itlP50Ms=1,
         itlP95Ms=1,
         noise=0.02,
+        repeats=[tps] * 7,
     )
+
+
+def _record(build: str, tps: float, description: str, paired_with: float | None = None) -> ExperimentRecord:
     ver = Verification(tokenAgreement=1, logitError=0, finite=True, passed=True)
+    comparison = None
+    if paired_with is not None:
+        ratio = tps / paired_with
+        comparison = PairedComparison(
+            against="sha256:" + "a" * 64,
+            ratio=ratio,
+            lo=ratio * 0.98,
+            hi=ratio * 1.02,
+            pairs=7,
+            halfWidth=0.02,
+            baseline=_figures(paired_with),
+        )
     return ExperimentRecord(
-        build=build, status="passed", verification=ver, figures=fig, description=description
+        build=build,
+        status="passed",
+        verification=ver,
+        figures=_figures(tps),
+        description=description,
+        comparison=comparison,
+        passes=7,
     )
 
 
@@ -60,10 +82,11 @@ def test_plain_lines_when_not_a_terminal() -> None:
     out = io.StringIO()
     with Display(total=3, objective=Objective(), stream=out) as d:
         d.on_record(_record("sha256:" + "a" * 64, 100.0, "baseline"), False, _progress(1))
-        d.on_record(_record("sha256:" + "b" * 64, 150.0, "sweep: x=1"), True, _progress(2))
+        d.on_record(_record("sha256:" + "b" * 64, 150.0, "sweep: x=1", paired_with=100.0), True, _progress(2))
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("[  1/3] passed") and "1.00x" in lines[0]
-    assert "1.50x sweep: x=1 (from ledger)" in lines[1]
+    # A value is shown as value ±CI (n passes); a paired ratio with its interval and its baseline.
+    assert lines[0].startswith("[  1/3] passed") and "100.0 ±2.0% (7 passes)" in lines[0]
+    assert "1.50x [1.47, 1.53] vs sha256:aaaaaaaaaaaa sweep: x=1 (from ledger)" in lines[1]
 
 
 def test_rich_progress_and_leaderboard_on_a_terminal() -> None:
@@ -71,9 +94,12 @@ def test_rich_progress_and_leaderboard_on_a_terminal() -> None:
     with Display(total=3, objective=Objective(), stream=out) as d:
         assert d.rich
         d.on_record(_record("sha256:" + "a" * 64, 100.0, "baseline"), False, _progress(1))
-        d.on_record(_record("sha256:" + "b" * 64, 180.0, "sweep: fast=yes"), False, _progress(2))
+        d.on_record(
+            _record("sha256:" + "b" * 64, 180.0, "sweep: fast=yes", paired_with=100.0), False, _progress(2)
+        )
     text = out.getvalue()
     assert "leaderboard" in text and "1.80x" in text and "sweep: fast=yes" in text and "2/3" in text
+    assert "180.0 ±2.0%" in text
 
 
 def test_a_trace_gets_a_power_of_two_profile() -> None:

@@ -131,9 +131,12 @@ def test_real_clock_figures_are_sane(model: LoadedModel, reference: HotPath) -> 
     assert figures.outputTokensPerSecond > 0 and len(figures.repeats) == 2
     assert figures.totalTokensPerSecond > figures.outputTokensPerSecond
     assert 0 < figures.ttftP50Ms <= figures.ttftP95Ms and 0 < figures.itlP50Ms <= figures.itlP95Ms
+    # Two passes: the median's distribution-free interval is min..max; noise is its relative half-width.
+    assert figures.ciLow == min(figures.repeats) and figures.ciHigh == max(figures.repeats)
     assert figures.noise == pytest.approx(
-        (max(figures.repeats) - min(figures.repeats)) / figures.outputTokensPerSecond
+        (max(figures.repeats) - min(figures.repeats)) / 2 / figures.outputTokensPerSecond
     )
+    assert len(figures.ttftP95Repeats) == len(figures.itlP95Repeats) == 2 and figures.warmupPasses == 1
 
 
 def test_bad_settings_are_refused(reference: HotPath) -> None:

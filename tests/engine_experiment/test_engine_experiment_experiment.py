@@ -22,7 +22,7 @@ from polymorph_engine.experiment.verify import default_prompts, golden
 from polymorph_engine.runtime.hotreload import Engine
 from polymorph_engine.runtime.model import LoadedModel
 
-SETTINGS = BenchSettings(repeats=2, warmup=0)
+SETTINGS = BenchSettings(repeats=2, warmup=0, max_repeats=2, max_warmup=0)  # fixed: two measured passes
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +125,35 @@ def test_describe_error_is_one_bounded_line() -> None:
     assert describe_error(ValueError("a\n  b")) == "ValueError: a b"
     assert describe_error(KeyError()) == "KeyError: (no message)"
     assert len(describe_error(RuntimeError("x" * 1000))) < 450
+
+
+def test_a_paired_experiment_measures_both_builds_interleaved(model: LoadedModel, tmp_path: Path) -> None:
+    workload = fit_for_device(workload_from_profile(DEFAULT_WORKLOAD, n=8), "cpu")
+    reference = golden(model, default_prompts(model.config.vocab_size), steps=6)
+    settings = BenchSettings(repeats=5, warmup=1, max_repeats=8, max_warmup=3)
+    runner = InProcessRunner(Engine(model), workload, Gates(), reference, settings)
+    try:
+        static = knob_variant(REFERENCE_BUILD, {"kv_cache": "static"}, tmp_path / "static", name="static")
+        sdpa = knob_variant(REFERENCE_BUILD, {"attention": "sdpa"}, tmp_path / "sdpa", name="sdpa")
+        first = runner.run(static, against=REFERENCE_BUILD)
+        second = runner.run(sdpa, against=REFERENCE_BUILD)
+        for record in (first, second):
+            assert record.status == "passed" and record.comparison is not None and record.figures is not None
+            c = record.comparison
+            assert c.against == build_id(REFERENCE_BUILD) and c.order == "ABBA"
+            assert 5 <= c.pairs <= 8 and record.passes == c.pairs == len(record.figures.repeats)
+            assert len(c.baseline.repeats) == c.pairs and c.lo <= c.ratio <= c.hi
+            assert record.halfWidth == pytest.approx(c.halfWidth)
+            assert 2 <= record.figures.warmupPasses <= 3 and 2 <= c.baseline.warmupPasses <= 3
+        # The baseline stayed loaded beside the engine's build: one load for both experiments.
+        assert runner.slot.loads == 1 and runner.slot.build == build_id(REFERENCE_BUILD)
+    finally:
+        runner.close()
+
+
+def test_a_baseline_that_cannot_load_fails_the_experiment(runner: InProcessRunner, tmp_path: Path) -> None:
+    static = knob_variant(REFERENCE_BUILD, {"kv_cache": "static"}, tmp_path / "static", name="static")
+    broken = patched_build(tmp_path / "broken", "broken", [("\ndef load(", "\ndef _load(")])
+    record = runner.run(static, against=broken)
+    assert record.status == "failed" and record.error is not None
+    assert "the baseline to pair against" in record.error

@@ -11,7 +11,9 @@ Owns the measurement protocol of campaign experiments (``run.run_experiment`` ca
 - ``measure_paired``: a candidate against a baseline, both loaded in one engine. Both warm up,
   then pairs run in ABBA order (pair 0: candidate, baseline; pair 1: baseline, candidate; ...)
   so that a linear drift over a pair cancels across two pairs, and pairs are added until the
-  paired ratio's interval (``stats.paired_ratio``) is within the target, under the same caps.
+  paired ratio's interval (``stats.paired_ratio``) is within the target, under the same caps,
+  or until it lies wholly below 1: a candidate that is surely slower needs no precise figure
+  (no decision about it can come out "better"), and ending it early keeps the budget for the rest.
   Pair ``i`` is (the candidate's ``i``-th pass, the baseline's ``i``-th pass).
 
 A pass is any callable returning a ``bench.PassResult`` and time comes from an injected
@@ -30,7 +32,9 @@ from polymorph_engine.experiment.bench import PassResult, throughput
 
 __all__ = [
     "CPU_TARGET",
+    "CPU_TIME_CAP",
     "GPU_TARGET",
+    "GPU_TIME_CAP",
     "MeasurePolicy",
     "Measurement",
     "PairedMeasurement",
@@ -44,6 +48,11 @@ GPU_TARGET = 0.02
 CPU_TARGET = 0.04
 """Default relative CI half-width on a CPU (a shared machine's scheduler adds noise)."""
 
+CPU_TIME_CAP = 3.0
+"""Default seconds of measuring per experiment on a CPU (a demo campaign runs 30 in minutes)."""
+GPU_TIME_CAP = 5.0
+"""Default seconds of measuring per experiment on an accelerator."""
+
 Pass = Callable[[], PassResult]
 
 
@@ -56,7 +65,7 @@ class MeasurePolicy:
     one trimmed pair per side."""
     max_passes: int = 40
     target_half_width: float = CPU_TARGET
-    time_cap_s: float = 10.0
+    time_cap_s: float = CPU_TIME_CAP
     """Seconds of measuring after which no new pass (pair) starts, even short of the target."""
     min_warmup: int = 2
     max_warmup: int = 10
@@ -108,9 +117,13 @@ def warm_up(run_pass: Pass, policy: MeasurePolicy) -> int:
     return len(seen)
 
 
-def _enough(n: int, estimate: Estimate, policy: MeasurePolicy, elapsed: float) -> bool:
+def _enough(
+    n: int, estimate: Estimate, policy: MeasurePolicy, elapsed: float, *, worse_stops: bool = False
+) -> bool:
     if n < policy.min_passes:
         return False
+    if worse_stops and estimate.hi < 1.0:
+        return True
     return (
         n >= policy.max_passes
         or elapsed >= policy.time_cap_s
@@ -161,6 +174,6 @@ def measure_paired(
             [max(throughput(p), 1e-9) for p in base],
             policy.confidence,
         )
-        if _enough(len(cand), estimate, policy, clock() - measuring):
+        if _enough(len(cand), estimate, policy, clock() - measuring, worse_stops=True):
             break
     return PairedMeasurement(cand, base, candidate_warmup, baseline_warmup, estimate, clock() - started)

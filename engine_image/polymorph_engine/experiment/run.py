@@ -42,7 +42,9 @@ from polymorph.workload import Workload, fit_workload
 from polymorph_engine.experiment.bench import PassResult, figures_of, make_prompts, replay
 from polymorph_engine.experiment.measure import (
     CPU_TARGET,
+    CPU_TIME_CAP,
     GPU_TARGET,
+    GPU_TIME_CAP,
     MeasurePolicy,
     measure_one,
     measure_paired,
@@ -71,7 +73,8 @@ class BenchSettings:
     ``repeats`` and ``warmup`` are minimums: warm-up continues until two passes agree within
     ``warmup_tolerance`` (at most ``max_warmup`` passes), and measuring until the CI half-width
     reaches ``target_half_width`` (None: 2% on an accelerator, 4% on a CPU), at most
-    ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring.
+    ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring
+    (None: 3 s on a CPU, 5 s on an accelerator).
     ``max_repeats == repeats`` gives a fixed number of passes.
     """
 
@@ -80,8 +83,8 @@ class BenchSettings:
     seed: int = 0
     target_half_width: float | None = None
     max_repeats: int = 40
-    time_cap_s: float = 5.0
-    max_warmup: int = 10
+    time_cap_s: float | None = None
+    max_warmup: int = 8
     warmup_tolerance: float = 0.05
 
     def policy(self, device: torch.device | str) -> MeasurePolicy:
@@ -89,11 +92,14 @@ class BenchSettings:
         target = self.target_half_width
         if target is None:
             target = CPU_TARGET if torch.device(device).type == "cpu" else GPU_TARGET
+        cap = self.time_cap_s
+        if cap is None:
+            cap = CPU_TIME_CAP if torch.device(device).type == "cpu" else GPU_TIME_CAP
         return MeasurePolicy(
             min_passes=self.repeats,
             max_passes=max(self.repeats, self.max_repeats),
             target_half_width=target,
-            time_cap_s=self.time_cap_s,
+            time_cap_s=cap,
             min_warmup=self.warmup,
             max_warmup=max(self.warmup, self.max_warmup),
             warmup_tolerance=self.warmup_tolerance,

@@ -318,11 +318,21 @@ class Campaign:
         return ratio * chained if chained is not None else None
 
     def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
-        """Eligible records by speedup over the baseline, best first (a build appears once)."""
+        """Eligible records by speedup over the baseline, best first; a build appears once, by its
+        record paired with the baseline when it has one."""
         scored: dict[str, tuple[float, int, ExperimentRecord]] = {}
+        direct: set[str] = set()  # builds with a record paired with the baseline: that record stands
         for i, r in enumerate(self.ledger.records):
             s = self.speedup(r)
-            if s is not None and (r.build not in scored or s > scored[r.build][0]):
+            if s is None:
+                continue
+            against_base = r.comparison is not None and r.comparison.against == self.base_id
+            if r.build in direct and not against_base:
+                continue
+            if against_base and r.build not in direct:
+                direct.add(r.build)
+                scored[r.build] = (s, i, r)
+            elif r.build not in scored or s > scored[r.build][0]:
                 scored[r.build] = (s, i, r)
         ordered = sorted(scored.values(), key=lambda s: (-s[0], s[1]))
         return [r for _, _, r in ordered[:limit]]

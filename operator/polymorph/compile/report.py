@@ -260,9 +260,7 @@ class Display:
         ratio: float | None = None
         paired = record.comparison
         if paired is not None and record.figures is not None:
-            other = objective_value(paired.baseline, self.objective)
-            if value and other:
-                ratio = value / other if self.objective.maximize else other / value
+            ratio = paired.ratio if self.objective.maximize else 1.0 / paired.ratio
         elif value is not None and self._baseline:
             ratio = value / self._baseline if self.objective.maximize else self._baseline / value
         shown = (

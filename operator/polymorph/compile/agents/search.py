@@ -187,6 +187,8 @@ class SearchAgent:
         while improved:
             improved = False
             for candidate in neighbours(current, choices, requires, defaults):
+                if candidate == current:
+                    continue  # a move that its requirements undo
                 if (
                     ctx.experiments_left() <= 1
                     and current_rec is not base

@@ -1,0 +1,127 @@
+"""Measurement protocol: warm-up to a steady state, adaptive repeats, paired ABBA passes.
+
+Passes are scripted (a ``PassResult`` of a chosen duration) and time is a fake clock that each
+pass advances, so every stopping rule is checked exactly, without sleeps. The end-to-end A/A
+check on the real engine is in test_engine_experiment_paired.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from polymorph_engine.experiment.bench import PassResult
+from polymorph_engine.experiment.measure import MeasurePolicy, measure_one, measure_paired, warm_up
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def scripted(
+    tps: Iterator[float] | list[float], clock: Clock, log: list[str] | None = None, name: str = ""
+) -> Callable[[], PassResult]:
+    """A pass of 100 tokens at each next throughput; it advances the clock by its duration."""
+    source = iter(tps)
+
+    def run() -> PassResult:
+        rate = next(source)
+        clock.now += 100 / rate
+        if log is not None:
+            log.append(name)
+        return PassResult(duration_s=100 / rate, input_tokens=10, output_tokens=100)
+
+    return run
+
+
+def steady(value: float) -> Iterator[float]:
+    while True:
+        yield value
+
+
+def jittered(value: float, jitter: float, seed: int = 0) -> Iterator[float]:
+    """Throughputs with seeded Gaussian noise of relative sd ``jitter`` (kept positive)."""
+    rng = random.Random(seed)
+    while True:
+        yield value * max(0.2, 1 + rng.gauss(0.0, jitter))
+
+
+def test_warm_up_runs_until_two_consecutive_passes_agree() -> None:
+    clock = Clock()
+    # The slow first passes after a swap, from the issue's ledger; then steady.
+    run = scripted([1344, 2187, 2883, 2809, 2694, 2700], clock)
+    assert warm_up(run, MeasurePolicy(warmup_tolerance=0.05)) == 4  # 2883 and 2809 agree within 5%
+    # A build that never settles stops at the cap.
+    never = scripted([100, 200] * 20, clock)
+    assert warm_up(never, MeasurePolicy(max_warmup=6)) == 6
+    # No warm-up when the cap is 0.
+    assert warm_up(scripted([1.0], clock), MeasurePolicy(min_warmup=0, max_warmup=0)) == 0
+
+
+def test_one_build_gets_passes_until_its_median_is_precise() -> None:
+    clock = Clock()
+    quiet = measure_one(scripted(jittered(1000, 0.01), clock), MeasurePolicy(min_passes=5), clock)
+    assert len(quiet.passes) == 5 and quiet.warmup == 2 and quiet.estimate.half_width <= 0.04
+    # Noisier: more passes until the interval is within the target (or the pass cap).
+    policy = MeasurePolicy(min_passes=5, max_passes=60, time_cap_s=1e9)
+    noisy = measure_one(scripted(jittered(1000, 0.08, seed=5), clock), policy, clock)
+    assert 5 < len(noisy.passes) < 60 and noisy.estimate.half_width <= 0.04
+
+
+def test_the_time_cap_stops_adding_passes() -> None:
+    clock = Clock()
+    # Each pass takes 1 s of fake time; a 3 s cap ends it after the pass that crosses 3 s.
+    noisy = scripted((100.0 * (1 + 0.3 * (-1) ** i) for i in range(100)), clock)
+    policy = MeasurePolicy(min_passes=2, time_cap_s=3.0, target_half_width=0.001, min_warmup=2, max_warmup=2)
+    m = measure_one(noisy, policy, clock)
+    # Passes alternate 130 and 70 tok/s (0.77 s and 1.43 s): 2 warm-up passes, then measured passes
+    # until 3 s of measuring have passed (0.77 + 1.43 + 0.77 = 2.97 s, then one more).
+    assert len(m.passes) == 4
+
+
+def test_paired_passes_run_in_abba_order_and_cancel_drift() -> None:
+    clock = Clock()
+    log: list[str] = []
+    # Both builds slow down by 2% a pass (thermal drift); the candidate is 1.10x throughout.
+    drift = [0.98**i for i in range(200)]
+    cand = scripted((1100 * d for d in drift), clock, log, "A")
+    base = scripted((1000 * d for d in drift), clock, log, "B")
+    m = measure_paired(cand, base, MeasurePolicy(min_passes=6, min_warmup=2, max_warmup=2), clock)
+    measured = log[4:]  # 2 + 2 warm-up passes first
+    assert "".join(measured[:8]) == "ABBAABBA"
+    assert m.candidate_warmup == m.baseline_warmup == 2 and len(m.candidate) == len(m.baseline) == 6
+    assert m.estimate.value == pytest.approx(1.10, rel=0.01) and m.estimate.lo > 1.05
+
+
+def test_paired_measurement_adds_pairs_until_the_ratio_is_precise() -> None:
+    clock = Clock()
+    cand = scripted(jittered(1200, 0.05, seed=1), clock)
+    base = scripted(jittered(1000, 0.05, seed=2), clock)
+    policy = MeasurePolicy(min_passes=5, max_passes=30, target_half_width=0.04, time_cap_s=1e9)
+    m = measure_paired(cand, base, policy, clock)
+    assert m.estimate.half_width <= 0.04 and len(m.candidate) > 5
+
+
+def test_a_surely_slower_candidate_stops_at_the_minimum() -> None:
+    clock = Clock()
+    cand = scripted(jittered(600, 0.05, seed=3), clock)
+    base = scripted(jittered(1000, 0.05, seed=4), clock)
+    m = measure_paired(
+        cand, base, MeasurePolicy(min_passes=5, target_half_width=0.001, time_cap_s=1e9), clock
+    )
+    assert len(m.candidate) == 5 and m.estimate.hi < 1.0
+
+
+def test_bad_policies_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_passes"):
+        MeasurePolicy(min_passes=5, max_passes=4)
+    with pytest.raises(ValueError, match="target_half_width"):
+        MeasurePolicy(target_half_width=0)
+    with pytest.raises(ValueError, match="warm-up"):
+        MeasurePolicy(min_warmup=3, max_warmup=2)
