@@ -442,8 +442,20 @@ class Campaign:
         """Baseline, then the agent, until it finishes or a budget runs out; then the result."""
         try:
             return self._run(agent)
+        except KeyboardInterrupt:  # SIGINT, or SIGTERM (polymorph.cli raises it as Interrupted)
+            self._record_interrupted()
+            raise
         finally:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _record_interrupted(self) -> None:
+        """Leave the progress document saying ``interrupted``, with the counts so far (a re-run resumes)."""
+        self.state, self.stop_reason = "interrupted", "interrupted"
+        self.message = f"interrupted after {len(self.ledger)} experiments ({self._ran} in this run); run it again to resume"
+        try:
+            self._write_progress()
+        except Exception as exc:  # the interruption is what must reach the user; this is a footnote
+            self._log(f"could not record the interruption in the progress document: {exc}")
 
     def _run(self, agent: Agent) -> CampaignOutcome:
         stop: StopReason = "finished"

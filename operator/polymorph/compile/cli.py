@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import secrets
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from polymorph.api import Budget, Gates, Objective, WorkloadProfile, parse_duration
 from polymorph.builds import resolve_build_arg
@@ -36,14 +35,16 @@ from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display, final_json, render_report
-from polymorph.errors import UsageError
+from polymorph.errors import StoreError, UsageError
 from polymorph.store import Store, build_id, open_store
 from polymorph.workload import (
     DEFAULT_WORKLOAD,
     Workload,
     fit_workload,
+    is_trace,
     load_workload,
     profile_of,
+    read_profile,
     workload_from_profile,
 )
 
@@ -74,7 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
         metavar="PATH_OR_URI",
-        help="artifact store (default $POLYMORPH_STORE or ./.polymorph/store)",
+        help="artifact store; checked writable before anything runs (default $POLYMORPH_STORE or ./.polymorph/store)",
     )
     parser.add_argument(
         "--campaign", default="demo", help="campaign name; rerunning a name resumes it (default demo)"
@@ -84,10 +85,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
     parser.add_argument(
-        "--experiment-timeout", default="2m", metavar="DURATION", help="per experiment (default 2m)"
+        "--experiment-timeout",
+        default="2m",
+        metavar="DURATION",
+        help="per experiment, e.g. 90s or 2m (default 2m)",
     )
     parser.add_argument(
-        "--min-speedup", type=float, default=1.05, help="gate: speedup the result must reach beyond noise"
+        "--min-speedup",
+        type=float,
+        default=1.05,
+        help="gate: speedup the result must reach beyond noise, a finite number >= 1 (default 1.05)",
     )
     parser.add_argument(
         "--metric", default="outputTokensPerSecond", help="objective metric (default outputTokensPerSecond)"
@@ -126,10 +133,10 @@ def _checked(args: argparse.Namespace) -> _Checked:
     for flag, value in (("--deadline", args.deadline), ("--experiment-timeout", args.experiment_timeout)):
         try:
             parse_duration(value)
-        except ValueError:
-            raise UsageError(f"{flag} must be a duration such as 90s, 10m or 2h; got {value!r}") from None
-    if not args.min_speedup >= 1:
-        raise UsageError(f"--min-speedup must be >= 1; got {args.min_speedup}")
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+    if not (math.isfinite(args.min_speedup) and args.min_speedup >= 1):
+        raise UsageError(f"--min-speedup must be a finite number >= 1, e.g. 1.05; got {args.min_speedup}")
     if args.repeats < 2:
         raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
     if args.threads is not None and args.threads < 1:
@@ -165,12 +172,43 @@ def load_campaign_workload(path: str | None) -> tuple[Workload, WorkloadProfile]
     if path is None:
         return workload_from_profile(DEFAULT_WORKLOAD), DEFAULT_WORKLOAD
     workload = load_workload(path)  # raises UsageError naming the file and field
-    if path.endswith(".jsonl"):
+    text = Path(path).read_text(encoding="utf-8")  # load_workload has read it already
+    if is_trace(Path(path), text):
         return workload, profile_of(workload)
-    doc = yaml.safe_load(Path(path).read_text())
-    if isinstance(doc, dict) and set(doc) == {"profile"}:
-        doc = doc["profile"]
-    return workload, WorkloadProfile.model_validate(doc)
+    return workload, read_profile(text, path)
+
+
+def check_store(store: Store, uri: str | None) -> None:
+    """Write and delete a probe object, so a store that is unwritable or unreachable is a one-line
+    error now, not after the model loaded and the baseline ran."""
+    key = f"compilejobs/local/.probe-{secrets.token_hex(6)}"
+    where = uri or store.uri
+    try:
+        store.put_bytes(key, b"")
+        store.delete(key)
+    except StoreError as exc:
+        raise UsageError(f"--store {where} is not usable: {exc}") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"--store {where} is not writable: {exc.filename or where}: {reason}") from None
+
+
+def _scale_note(before: Workload, after: Workload) -> str | None:
+    """What ``fit_workload`` changed, in one line, or None when it changed nothing."""
+    changed = (
+        len(after.requests) != len(before.requests)
+        or after.concurrency != before.concurrency
+        or after.requests != before.requests[: len(after.requests)]
+    )
+    if not changed:
+        return None
+
+    def shape(w: Workload) -> str:
+        longest_in = max(r.input_tokens for r in w.requests)
+        longest_out = max(r.output_tokens for r in w.requests)
+        return f"{len(w.requests)} requests, prompts <= {longest_in}, outputs <= {longest_out}, concurrency {w.concurrency}"
+
+    return f"workload scaled down for --device cpu: {shape(before)} -> {shape(after)}"
 
 
 CAMPAIGN_CPU_SCALE = {"max_requests": 16, "max_input": 64, "max_output": 32, "max_concurrency": 4}
@@ -189,9 +227,12 @@ def run(args: argparse.Namespace) -> int:
 
     checked = _checked(args)
     store = open_store(args.store)
+    check_store(store, args.store)  # before the model loads and the baseline runs
     workload, profile = load_campaign_workload(args.workload)
+    scale_note = None
     if args.device == "cpu":
-        workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
+        fitted = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
+        scale_note, workload = _scale_note(workload, fitted), fitted
     agent = make_agent(
         args.agent,
         api_key_file=args.api_key_file,
@@ -243,10 +284,13 @@ def run(args: argparse.Namespace) -> int:
             fit=args.device != "cpu",  # CPU workloads were fitted above, with CAMPAIGN_CPU_SCALE
             threads=args.threads if args.threads is not None else (1 if args.device == "cpu" else None),
         )
+        # Built before the worker starts: a corrupt ledger or progress document is refused at once.
+        campaign = Campaign(settings, store, supervisor, on_record=display.on_record, log=display.log)
         try:
             with supervisor, display:
-                campaign = Campaign(settings, store, supervisor, on_record=display.on_record, log=display.log)
                 display.begin(paths.prefix, len(campaign.ledger))
+                if scale_note is not None:
+                    display.log(scale_note)
                 outcome = campaign.run(agent)
         except WorkerStartError as exc:
             raise UsageError(str(exc)) from None

@@ -35,10 +35,12 @@ __all__ = [
     "StopReason",
 ]
 
-StopReason = Literal["maxExperiments", "deadline", "tokens", "finished", "agentError", "baselineFailed"]
-"""Why a sandbox's campaign stopped."""
+StopReason = Literal[
+    "maxExperiments", "deadline", "tokens", "finished", "agentError", "baselineFailed", "interrupted"
+]
+"""Why a sandbox's campaign stopped (``interrupted``: SIGINT or SIGTERM; a re-run resumes it)."""
 
-SandboxState = Literal["running", "finished", "failed"]
+SandboxState = Literal["running", "finished", "failed", "interrupted"]
 ResultState = Literal["improved", "noImprovement", "noBaseline"]
 
 
