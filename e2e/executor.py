@@ -18,7 +18,8 @@ and makes local processes match them:
   honoured) and ``fieldRef`` (namespace, name, podIP) are resolved; Indexed Job pods get
   ``JOB_COMPLETION_INDEX``. Nothing of this process's own environment leaks in beyond ``PATH``
   and ``LANG``: credentials reach a pod only through its spec. ``OMP_NUM_THREADS=1`` stands in
-  for a CPU limit of one core per container (the machine is small and shared).
+  for a CPU limit of one core per container (the machine is small and shared); ``PYTHONPATH``,
+  when set, passes through as part of the "image" (where this checkout's packages are).
 - **Readiness** is the container's ``readinessProbe.httpGet``, polled on the mapped port.
 - **Deployments**: ``spec.replicas`` pods of the current template (a hash of it); on a template
   change new pods start and old ones stop only once the new ones are ready (``maxUnavailable:
@@ -229,6 +230,8 @@ class LocalPod:
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
         }
+        if os.environ.get("PYTHONPATH"):  # the image is this checkout: where its packages are
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         if self.index is not None:
             env["JOB_COMPLETION_INDEX"] = str(self.index)
         for item in c.get("env") or []:

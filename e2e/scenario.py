@@ -183,7 +183,7 @@ class Scenario:
         le = next(b for b in TOKEN_BUCKETS if b >= longest_prompt)
         sel, w = f'model_deployment="{MD}"', f"[{WINDOW_S}s]"
         total = prom.query(f"sum(increase(polymorph_prompt_tokens_count{{{sel}}}{w}))")
-        short = prom.query(f'sum(increase(polymorph_prompt_tokens_bucket{{{sel},le="{le:g}"}}{w}))')
+        short = prom.query(f'sum(increase(polymorph_prompt_tokens_bucket{{{sel},le="{float(le)}"}}{w}))')
         if not total or not short:
             return False
         n, within = float(total[0]["value"][1]), float(short[0]["value"][1])

@@ -15,6 +15,7 @@ Asserts the final state, the status fields and the ordered Events with their num
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -33,7 +34,10 @@ BUILD = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    with Fleet(tmp_path) as running:
+    """The fleet, its process logs in ``tmp_path`` (or in ``$E2E_WORKDIR``, kept for reading)."""
+    workdir = Path(os.environ.get("E2E_WORKDIR") or tmp_path)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with Fleet(workdir) as running:
         yield running
 
 
