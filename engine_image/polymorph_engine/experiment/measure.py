@@ -48,7 +48,7 @@ GPU_TARGET = 0.02
 CPU_TARGET = 0.04
 """Default relative CI half-width on a CPU (a shared machine's scheduler adds noise)."""
 
-CPU_TIME_CAP = 3.0
+CPU_TIME_CAP = 2.0
 """Default seconds of measuring per experiment on a CPU (a demo campaign runs 30 in minutes)."""
 GPU_TIME_CAP = 5.0
 """Default seconds of measuring per experiment on an accelerator."""

@@ -74,7 +74,7 @@ class BenchSettings:
     ``warmup_tolerance`` (at most ``max_warmup`` passes), and measuring until the CI half-width
     reaches ``target_half_width`` (None: 2% on an accelerator, 4% on a CPU), at most
     ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring
-    (None: 3 s on a CPU, 5 s on an accelerator).
+    (None: 2 s on a CPU, 5 s on an accelerator).
     ``max_repeats == repeats`` gives a fixed number of passes.
     """
 
@@ -84,7 +84,7 @@ class BenchSettings:
     target_half_width: float | None = None
     max_repeats: int = 40
     time_cap_s: float | None = None
-    max_warmup: int = 8
+    max_warmup: int = 6
     warmup_tolerance: float = 0.05
 
     def policy(self, device: torch.device | str) -> MeasurePolicy:

@@ -1,0 +1,254 @@
+"""How good is the search? An exhaustive sweep of a knob space, then a campaign, in one engine.
+
+1. One ``Supervisor`` worker loads the model once. The reference build runs alone (the baseline).
+2. **Exhaustive sweep**: every combination of the ``--knobs`` (the others at their defaults,
+   each combination completed with what its knobs ``require``, duplicates dropped) is
+   benchmarked paired with the reference (ABBA passes, adaptive repeats). The best passed
+   combination by paired speedup is the exhaustive best.
+3. **Campaign**: ``Campaign`` + ``SearchAgent`` from the reference, ``--max-experiments`` budget,
+   through the same worker (so the same engine, weights and workload), with confirmation.
+4. **Head to head**: the campaign's best paired directly with the exhaustive best (one more
+   experiment): campaign / exhaustive with its 95% interval. "Within 3%" means >= 0.97.
+
+It records every sweep point, the campaign's experiments (status, paired speedup and interval,
+half-width, passes, load / verify / bench seconds), experiments per hour with and without the
+torch.compile candidates' prepare time (their load and verify seconds, where compilation and
+the per-bucket warm-up happen), and where the time went:
+
+    .venv/bin/python bench/search_quality.py --out bench/results/search-quality-tiny-cpu.json
+    python bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \\
+        --knobs kv_cache,fused_qkv,fused_gate_up,attention,sampling,decode_capture \\
+        --out bench/results/search-quality-llama-8b-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polymorph import __version__
+from polymorph.api import Budget, ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build
+from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
+from polymorph.compile.campaign import Campaign, CampaignSettings
+from polymorph.compile.cli import CAMPAIGN_CPU_SCALE
+from polymorph.compile.ledger import CampaignPaths, config_uid
+from polymorph.store import open_store
+from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
+from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.supervisor import Supervisor
+
+COMPILE_VALUES = {("decode_capture", "compile"), ("kernels", "compile")}
+"""Knob values whose prepare time is torch.compile's (excluded from the adjusted rate)."""
+
+
+def _point(record: ExperimentRecord, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    c = record.comparison
+    t = record.timings
+    return {
+        "config": config if config is not None else record.knobs,
+        "build": record.build,
+        "status": record.status,
+        "error": record.error,
+        "tokS": record.figures.outputTokensPerSecond if record.figures else None,
+        "speedup": c.ratio if c else None,
+        "ci": [c.lo, c.hi] if c else None,
+        "halfWidth": record.halfWidth,
+        "passes": record.passes,
+        "warmup": record.figures.warmupPasses if record.figures else None,
+        "against": c.against if c else None,
+        "description": record.description,
+        "seconds": {"load": t.loadS, "verify": t.verifyS, "bench": t.benchS, "total": t.totalS},
+    }
+
+
+def _compiles(knobs: dict[str, Any]) -> bool:
+    return any((k, v) in COMPILE_VALUES for k, v in knobs.items())
+
+
+def exhaustive(knobs: list[str], work: Path) -> list[tuple[dict[str, Any], Path]]:
+    """Every distinct requirement-complete combination of ``knobs`` (others at default), as build dirs."""
+    spec = read_build(REFERENCE_BUILD)
+    defaults = {name: knob.default for name, knob in spec.knobs.items()}
+    requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
+    unknown = [k for k in knobs if k not in spec.knobs]
+    if unknown:
+        raise SystemExit(f"--knobs names knobs the reference does not declare: {', '.join(unknown)}")
+    seen: dict[str, dict[str, Any]] = {}
+    for values in itertools.product(*(spec.knobs[k].choices for k in knobs)):
+        config = with_requirements(defaults | dict(zip(knobs, values, strict=True)), requires, defaults)
+        # A combination its requirements changed beyond --knobs is another point's duplicate or outside.
+        if any(config[k] != defaults[k] for k in config if k not in knobs):
+            continue
+        seen.setdefault(config_key(config), config)
+    out = []
+    for i, (_key, config) in enumerate(sorted(seen.items())):
+        if config == defaults:
+            continue
+        dest = work / f"sweep-{i:04d}"
+        knob_variant(REFERENCE_BUILD, config, dest, name=f"sweep-{i:04d}")
+        out.append((config, dest))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--knobs",
+        default="kv_cache,attention,sampling,fused_qkv,decode_capture",
+        help="comma-separated knobs swept exhaustively (the others stay at their defaults)",
+    )
+    parser.add_argument("--max-experiments", type=int, default=30, help="the campaign's budget (default 30)")
+    parser.add_argument("--min-speedup", type=float, default=1.05)
+    parser.add_argument("--threads", type=int, help="worker torch threads (default 1 on CPU)")
+    parser.add_argument("--out", type=Path, help="where to write the JSON result")
+    args = parser.parse_args()
+    knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
+    workload = workload_from_profile(DEFAULT_WORKLOAD)
+    if args.device == "cpu":
+        workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
+    gates = Gates(minSpeedup=args.min_speedup)
+    threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
+    supervisor = Supervisor(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        workload=workload,
+        gates=gates,
+        experiment_timeout=900,
+        settings=BenchSettings(),
+        fit=args.device != "cpu",
+        threads=threads,
+    )
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="polymorph-search-quality-") as tmp, supervisor:
+        work = Path(tmp)
+        start_s = supervisor.stats.load_seconds[0]
+        baseline = supervisor.run(REFERENCE_BUILD, description="baseline")
+        points = exhaustive(knobs, work)
+        print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
+        sweep_started = time.monotonic()
+        swept = []
+        for config, build_dir in points:
+            record = supervisor.run(build_dir, description="exhaustive", against=REFERENCE_BUILD)
+            swept.append((_point(record, config), build_dir))
+            p = swept[-1][0]
+            print(
+                f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}",
+                file=sys.stderr,
+            )
+        sweep_s = time.monotonic() - sweep_started
+        passed = [(p, d) for p, d in swept if p["status"] == "passed" and p["speedup"] is not None]
+        best_point, best_dir = max(passed, key=lambda pd: pd[0]["speedup"])
+
+        store = open_store(str(work / "store"))
+        profile: WorkloadProfile = DEFAULT_WORKLOAD
+        settings = CampaignSettings(
+            paths=CampaignPaths("local", "search-quality", config_uid({"t": time.time()})),
+            base_dir=REFERENCE_BUILD,
+            base_build="reference",
+            workload=profile,
+            workload_hash=workload.digest,
+            objective=Objective(),
+            gates=gates,
+            budget=Budget(maxExperiments=args.max_experiments, deadline="2h", sandboxes=1),
+            model=args.model,
+            hardware=args.device,
+            agent="search",
+        )
+        campaign_started = time.monotonic()
+        outcome = Campaign(settings, store, supervisor, log=lambda m: print(m, file=sys.stderr)).run(
+            SearchAgent()
+        )
+        campaign_s = time.monotonic() - campaign_started
+        result = outcome.result
+        found = result.best or result.bestCandidate
+        head_to_head = None
+        if found is not None:
+            found_dir = store.get_build(found.build, work / "found")
+            versus = supervisor.run(
+                found_dir, description="campaign best vs exhaustive best", against=best_dir
+            )
+            head_to_head = _point(versus)
+    records = outcome.records
+    compile_prep = sum(r.timings.loadS + r.timings.verifyS for r in records if _compiles(r.knobs))
+    total = sum(r.timings.totalS for r in records)
+    doc = {
+        "benchmark": "search-quality",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": {
+            "type": torch.device(args.device).type,
+            "name": torch.cuda.get_device_name(0)
+            if torch.cuda.is_available() and args.device.startswith("cuda")
+            else (platform.processor() or platform.machine()),
+            "cpus": os.cpu_count(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "polymorph": __version__,
+        },
+        "model": args.model,
+        "dtype": args.dtype,
+        "workerStartS": round(start_s, 2),
+        "baseline": _point(baseline),
+        "exhaustive": {
+            "knobs": knobs,
+            "combinations": len(points),
+            "seconds": round(sweep_s, 1),
+            "best": best_point,
+            "points": [p for p, _ in swept],
+        },
+        "campaign": {
+            "state": result.state,
+            "message": result.message,
+            "best": found.model_dump(mode="json", exclude={"figures"}) if found is not None else None,
+            "confirmation": result.confirmation.model_dump(mode="json") if result.confirmation else None,
+            "experiments": len(records),
+            "seconds": round(campaign_s, 1),
+            "experimentsPerHour": round(len(records) * 3600 / campaign_s, 1) if campaign_s > 0 else 0.0,
+            "experimentsPerHourWithoutCompilePrepare": round(
+                len(records) * 3600 / max(1e-9, total - compile_prep), 1
+            )
+            if total > compile_prep
+            else None,
+            "timeSplitS": {
+                "load": round(sum(r.timings.loadS for r in records), 2),
+                "verify": round(sum(r.timings.verifyS for r in records), 2),
+                "bench": round(sum(r.timings.benchS for r in records), 2),
+                "compilePrepare": round(compile_prep, 2),
+                "total": round(total, 2),
+            },
+            "maxPassedHalfWidth": max(
+                (r.halfWidth for r in records if r.status == "passed" and r.halfWidth is not None),
+                default=None,
+            ),
+            "records": [_point(r) for r in records],
+        },
+        "headToHead": head_to_head,
+        "wallS": round(time.monotonic() - started, 1),
+    }
+    text = json.dumps(doc, indent=2)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
