@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--scrape-interval", default="5s")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="polymorph-fleet-"))
     names = [f"md-{i:04d}" for i in range(args.deployments)]
     drifted = set(names[: args.drifted])
@@ -243,6 +244,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "load_average_1m_before": round(load_before, 2),
         },
         "deployments": len(names),
         "drifted": len(drifted),
