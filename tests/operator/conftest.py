@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
+from operator_harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
 
 from support.k8s_emulator import EmulatorThread
 from support.prometheus import PrometheusServer, prometheus

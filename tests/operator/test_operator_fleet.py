@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import GROUP, NS, Api
+from operator_harness import GROUP, NS, Api
 
 from polymorph.clients.kube import KubeClient, load_configuration
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, progress, result
-
-from harness import (
+from operator_harness import (
     GROUP,
     NS,
     Api,
@@ -22,6 +21,7 @@ from harness import (
     trace_agents,
     wait_for,
 )
+
 from polymorph.api import WorkloadProfile
 from polymorph.store import LocalStore, progress_key, result_key
 from support.k8s_emulator import EmulatorThread

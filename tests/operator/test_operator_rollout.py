@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, SLOW, figures
-from harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
+from operator_harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
 
 from support.k8s_emulator import EmulatorThread
 from support.prometheus import PrometheusServer

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import GROUP, NS, Api, OperatorProcess, wait_for
+from operator_harness import GROUP, NS, Api, OperatorProcess, wait_for
+
 from support.k8s_binaries import kubectl
 from support.k8s_emulator import EmulatorThread
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import REPO
+from operator_harness import REPO
 
 from polymorph.errors import UsageError
 from polymorph.handlers.settings import OperatorConfig, configure, from_args
