@@ -11,7 +11,7 @@ import torch
 from engine_support.builds import sensitive_model
 from polymorph.builds import REFERENCE_BUILD
 from polymorph.workload import RequestShape, Workload
-from polymorph_engine.experiment.bench import benchmark, make_prompts, percentile, replay
+from polymorph_engine.experiment.bench import ReusedCache, benchmark, make_prompts, percentile, replay
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel
@@ -145,3 +145,23 @@ def test_bad_settings_are_refused(reference: HotPath) -> None:
         benchmark(reference, workload, repeats=0, vocab_size=512)
     with pytest.raises(ValueError, match="warmup"):
         benchmark(reference, workload, warmup=-1, vocab_size=512)
+
+
+def test_reused_cache_prepares_once_and_replays_identically(reference: HotPath) -> None:
+    made: list[tuple[int, int]] = []
+
+    class Counting(ReusedCache):
+        def new_cache(self, max_batch: int, max_seq_len: int) -> object:
+            if (max_batch, max_seq_len) not in self._caches:
+                made.append((max_batch, max_seq_len))
+            return super().new_cache(max_batch, max_seq_len)
+
+    workload = Workload((RequestShape(4, 3), RequestShape(6, 2), RequestShape(5, 2)), concurrency=2)
+    prompts = make_prompts(workload, 512)
+    reused = Counting(reference)
+    first, second = (replay(reused, workload, prompts) for _ in range(2))
+    assert made == [(2, workload.max_tokens)], "one cache for both passes"
+    assert first.output_tokens == second.output_tokens == 7
+    reused.release()
+    replay(reused, workload, prompts)
+    assert len(made) == 2

@@ -12,8 +12,17 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from polymorph.stats import paired_ratio
 from polymorph_engine.experiment.bench import PassResult
-from polymorph_engine.experiment.measure import MeasurePolicy, measure_one, measure_paired, warm_up
+from polymorph_engine.experiment.measure import (
+    MeasurePolicy,
+    PairedMeasurement,
+    as_wall,
+    measure_one,
+    measure_paired,
+    waits_more,
+    warm_up,
+)
 
 
 class Clock:
@@ -125,3 +134,21 @@ def test_bad_policies_are_refused() -> None:
         MeasurePolicy(target_half_width=0)
     with pytest.raises(ValueError, match="warm-up"):
         MeasurePolicy(min_warmup=3, max_warmup=2)
+
+
+def test_a_candidate_that_waits_is_judged_by_wall_time() -> None:
+    def timed(cpu: float, wall: float) -> PassResult:
+        return PassResult(duration_s=cpu, input_tokens=10, output_tokens=100, wall_s=wall)
+
+    # Both preempted alike (a loaded machine): CPU time stands.
+    loaded_c = [timed(0.05, 0.10 + 0.01 * i) for i in range(6)]
+    loaded_b = [timed(0.06, 0.12 + 0.01 * i) for i in range(6)]
+    assert not waits_more(loaded_c, loaded_b)
+    # The candidate sleeps half its pass: its CPU time looks 2x better, its wall time does not.
+    sleepy = [timed(0.03, 0.09) for _ in range(6)]
+    steady_b = [timed(0.06, 0.06) for _ in range(6)]
+    assert waits_more(sleepy, steady_b)
+    est = paired_ratio([100 / 0.03] * 6, [100 / 0.06] * 6)
+    judged = as_wall(PairedMeasurement(sleepy, steady_b, 2, 2, est, 1.0))
+    assert judged.estimate.value == pytest.approx(0.06 / 0.09)
+    assert all(p.duration_s == p.wall_s for p in judged.candidate + judged.baseline)

@@ -16,6 +16,10 @@ Owns the measurement protocol of campaign experiments (``run.run_experiment`` ca
   (no decision about it can come out "better"), and ending it early keeps the budget for the rest.
   Pair ``i`` is (the candidate's ``i``-th pass, the baseline's ``i``-th pass).
 
+``waits_more`` tells when a CPU-time measurement would flatter a candidate that waits (its
+wall time exceeds its CPU time by much more than the baseline's does in the same pairs), and
+``as_wall`` re-judges such a measurement by the passes' wall times.
+
 A pass is any callable returning a ``bench.PassResult`` and time comes from an injected
 ``clock``, so the stopping rules are tested with scripted passes and a fake clock. It knows
 nothing about builds, engines, verification or processes.
@@ -23,9 +27,10 @@ nothing about builds, engines, verification or processes.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polymorph.stats import Estimate, median_ci, paired_ratio, precise_enough, steady_state
 from polymorph_engine.experiment.bench import PassResult, throughput
@@ -38,8 +43,10 @@ __all__ = [
     "MeasurePolicy",
     "Measurement",
     "PairedMeasurement",
+    "as_wall",
     "measure_one",
     "measure_paired",
+    "waits_more",
     "warm_up",
 ]
 
@@ -177,3 +184,30 @@ def measure_paired(
         if _enough(len(cand), estimate, policy, clock() - measuring, worse_stops=True):
             break
     return PairedMeasurement(cand, base, candidate_warmup, baseline_warmup, estimate, clock() - started)
+
+
+WAIT_FACTOR = 1.5
+"""``waits_more``: how much more wall time per CPU second the candidate may take than the baseline."""
+
+
+def _wait_ratio(passes: list[PassResult]) -> float:
+    return statistics.median(p.wall_s / max(p.duration_s, 1e-9) for p in passes)
+
+
+def waits_more(candidate: list[PassResult], baseline: list[PassResult]) -> bool:
+    """True when the candidate's wall/CPU time ratio (median over passes) exceeds the baseline's by
+    ``WAIT_FACTOR``: it waits (sleeps, locks, I/O) rather than computes, so CPU time would flatter it."""
+    return _wait_ratio(candidate) > WAIT_FACTOR * _wait_ratio(baseline)
+
+
+def as_wall(paired: PairedMeasurement, confidence: float = 0.95) -> PairedMeasurement:
+    """``paired`` with every pass timed by its wall time, and the ratio taken again."""
+
+    def wall(passes: list[PassResult]) -> list[PassResult]:
+        return [replace(p, duration_s=p.wall_s) for p in passes]
+
+    cand, base = wall(paired.candidate), wall(paired.baseline)
+    estimate = paired_ratio(
+        [max(throughput(p), 1e-9) for p in cand], [max(throughput(p), 1e-9) for p in base], confidence
+    )
+    return replace(paired, candidate=cand, baseline=base, estimate=estimate)

@@ -26,10 +26,13 @@ It knows nothing about agents, stores or the CLI, and never imports a build in t
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
@@ -100,6 +103,31 @@ class _WorkerConfig:
 
 
 def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
+    """The child's entry point: ``_worker_loop``, quiet on Ctrl-C and when the parent goes away.
+
+    SIGINT reaches the whole terminal process group; it is the parent's to act on (it stops this
+    worker), so the child ignores it. A parent that died (SIGTERM, SIGKILL) closes the pipe: the
+    child then ends without a traceback.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):  # the parent went away
+        _worker_loop(conn, config)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while a child is spawned (in the main thread only, where signals are handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _worker_loop(conn: Connection, config: _WorkerConfig) -> None:
     """The child: load once, then answer ("run", dir, description, against) messages until ("stop",)."""
     os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
     try:
@@ -249,7 +277,8 @@ class Supervisor:
         process = self._ctx.Process(
             target=_worker_main, args=(child_conn, self._config), name="polymorph-worker", daemon=True
         )
-        process.start()
+        with _sigint_ignored():  # inherited through exec: a Ctrl-C during the child's imports is the parent's
+            process.start()
         child_conn.close()
         self._process, self._conn = process, parent_conn
         deadline = None if self.start_timeout is None else started + self.start_timeout

@@ -80,6 +80,9 @@ class PairedComparison(StrictModel):
     pairs: int = Field(ge=1)
     halfWidth: float = Field(ge=0, description="relative half-width of the ratio's confidence interval")
     order: Literal["ABBA"] = "ABBA"
+    clock: Literal["wall", "cpu"] = "wall"
+    """What timed the passes: wall time (accelerators, always with a device sync) or the worker
+    process's CPU time (CPU devices, so other tenants' time slices are not charged to a build)."""
     baseline: Figures
 
 
