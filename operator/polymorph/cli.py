@@ -144,6 +144,14 @@ def _run(module: object, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # also while the command's modules are still importing
+        print("interrupted", file=sys.stderr, flush=True)
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = next((a for a in argv if not a.startswith("-")), "")
     parser = build_parser(selected)
@@ -156,9 +164,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return _run(args._module, args)
-    except KeyboardInterrupt as exc:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
     except BrokenPipeError:  # stdout was closed early (``| head``): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
