@@ -2,7 +2,10 @@
 
 Every ``--build`` (a directory, ``reference``, or a ``sha256:`` id fetched from ``--store`` and
 hash-verified) runs in order in one supervised worker (``supervisor.Supervisor``), which loads
-the weights once. ``--knob name=value`` runs a variant of each build with those knob defaults.
+the weights once. ``--knob name=value`` runs a variant of each build with those knob defaults;
+a knob whose declared requirement is not met (``decode_capture`` without ``kv_cache=static``)
+is refused rather than silently ignored. ``--experiment-timeout`` uses the one duration syntax
+of manifests and every other command (``90s``, ``10m``).
 Output: one ``ExperimentRecord`` JSON per line with ``--json`` (printed as each experiment
 ends), else a table. Exit status: 0 when every build passed, 1 when any did not, 2 for bad
 input (one sentence naming the flag or file, never a traceback).
@@ -22,7 +25,7 @@ from pathlib import Path
 import torch
 
 from polymorph.api import ExperimentRecord, parse_duration
-from polymorph.builds import knob_variant, resolve_build_arg
+from polymorph.builds import knob_variant, read_build, resolve_build_arg, resolve_knobs
 from polymorph.errors import BuildError, UsageError
 from polymorph.store import open_store
 from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
@@ -52,10 +55,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--workload", metavar="FILE", help="a WorkloadProfile YAML/JSON or a .jsonl trace (default: sample)"
     )
     parser.add_argument(
-        "--experiment-timeout", default="600", metavar="S", help="seconds (or 30s, 10m) per experiment"
+        "--experiment-timeout",
+        default="10m",
+        metavar="DURATION",
+        help="per experiment, e.g. 90s or 10m (default 10m)",
     )
     parser.add_argument(
-        "--store", metavar="PATH_OR_URI", help="artifact store for build ids (default: $POLYMORPH_STORE)"
+        "--store",
+        metavar="PATH_OR_URI",
+        help="artifact store for build ids (default $POLYMORPH_STORE or ./.polymorph/store)",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
@@ -73,18 +81,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _timeout(text: str) -> float:
+    """Seconds in ``--experiment-timeout``: the one duration syntax (``polymorph.api.parse_duration``)."""
     try:
-        value = float(text)
-    except ValueError:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise UsageError(f"--experiment-timeout: {exc}.") from None
+
+
+def _check_requirements(builds: list[Path], knobs: dict[str, str]) -> None:
+    """Refuse a ``--knob`` that would do nothing: one whose declared requirement is not met.
+
+    E.g. ``decode_capture=compile`` requires ``kv_cache=static``; with the build's ``concat``
+    cache it would be silently ignored.
+    """
+    for build in builds:
         try:
-            value = parse_duration(text)
-        except ValueError:
-            raise UsageError(
-                f"--experiment-timeout must be seconds (e.g. 600) or a duration like 10m; got {text!r}."
-            ) from None
-    if not value > 0:
-        raise UsageError(f"--experiment-timeout must be > 0 seconds; got {text!r}.")
-    return value
+            spec = read_build(build)
+            resolved = resolve_knobs(spec, knobs)
+        except BuildError as exc:
+            raise UsageError(f"--knob: {exc}") from None
+        for name in knobs:
+            knob = spec.knobs[name]
+            if resolved[name] == knob.default:
+                continue
+            unmet = {k: v for k, v in knob.requires.items() if resolved.get(k) != v}
+            if unmet:
+                needs = " ".join(f"--knob {k}={_flag_value(v)}" for k, v in unmet.items())
+                has = ", ".join(f"{k}={_flag_value(resolved.get(k))}" for k in unmet)
+                raise UsageError(
+                    f"--knob {name}={knobs[name]} has no effect with {has} (build {spec.name}); add {needs}."
+                )
+
+
+def _flag_value(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _knobs(items: list[str]) -> dict[str, str]:
@@ -148,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     with _workdir() as work:
         builds = [_resolve_build(arg, args.store, work / "store-cache") for arg in args.build]
         if knobs:
+            _check_requirements(builds, knobs)
             try:
                 builds = [knob_variant(b, knobs, work / f"variant-{i}") for i, b in enumerate(builds)]
             except BuildError as exc:
