@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from polymorph.api import Budget, Gates, Objective, WorkloadProfile, parse_duration
 from polymorph.builds import resolve_build_arg
 from polymorph.compile.agents import make_agent
@@ -37,6 +39,7 @@ from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display, final_json, render_report
 from polymorph.errors import StoreError, UsageError
 from polymorph.store import Store, build_id, open_store
+from polymorph.validate import format_validation_error
 from polymorph.workload import (
     DEFAULT_WORKLOAD,
     Workload,
@@ -285,7 +288,14 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads if args.threads is not None else (1 if args.device == "cpu" else None),
         )
         # Built before the worker starts: a corrupt ledger or progress document is refused at once.
-        campaign = Campaign(settings, store, supervisor, on_record=display.on_record, log=display.log)
+        try:
+            campaign = Campaign(settings, store, supervisor, on_record=display.on_record, log=display.log)
+        except (StoreError, ValidationError) as exc:
+            what = format_validation_error(exc)[0] if isinstance(exc, ValidationError) else str(exc)
+            raise UsageError(
+                f"cannot resume campaign {store.uri_for(paths.prefix)}: {what}; "
+                "repair or delete its documents, or pass --fresh"
+            ) from None
         try:
             with supervisor, display:
                 display.begin(paths.prefix, len(campaign.ledger))
