@@ -20,7 +20,7 @@ and makes local processes match them:
   and ``LANG``: credentials reach a pod only through its spec. ``OMP_NUM_THREADS=1`` stands in
   for a CPU limit of one core per container (the machine is small and shared); ``PYTHONPATH``,
   when set, passes through as part of the "image" (where this checkout's packages are).
-- **Readiness** is the container's ``readinessProbe.httpGet``, polled on the mapped port.
+- **Readiness** is the container's ``readinessProbe.httpGet``, polled every second on the mapped port.
 - **Deployments**: ``spec.replicas`` pods of the current template (a hash of it); on a template
   change new pods start and old ones stop only once the new ones are ready (``maxUnavailable:
   0``); processes that exit are restarted (``restartPolicy: Always``). Status written back:
@@ -73,6 +73,8 @@ __all__ = ["Endpoint", "FileSD", "LocalPod", "PodExecutor", "UnsupportedPod", "f
 
 MERGE = "application/merge-patch+json"
 GRACE_S = 5.0
+PROBE_S = 1.0
+"""Seconds between readiness probes of a container (a kubelet's periodSeconds, shortened)."""
 _LOOPBACK = re.compile(r"(127\.0\.0\.1|localhost|0\.0\.0\.0):(\d+)")
 
 
@@ -343,6 +345,7 @@ class LocalPod:
             self._terminate()
 
     def _watch(self, main: list[_Container]) -> None:
+        next_probe = 0.0
         while not self._stop.is_set():
             for c in self._containers:
                 if c.proc is None or c.exit_code is not None:
@@ -362,10 +365,12 @@ class LocalPod:
                     ", ".join(f"{c.name} exited {c.exit_code}" for c in failed),
                 )
                 return
-            ready = all(self._probe(c) for c in self._containers if c.sidecar or c in main)
-            if ready != self.ready:
-                self.ready = ready
-                self.executor.pod_changed(self)
+            if time.monotonic() >= next_probe:  # a probe's period, at most PROBE_S (tests want speed)
+                next_probe = time.monotonic() + PROBE_S
+                ready = all(self._probe(c) for c in self._containers if c.sidecar or c in main)
+                if ready != self.ready:
+                    self.ready = ready
+                    self.executor.pod_changed(self)
             self._stop.wait(0.25)
 
     def _finish(self, phase: str, message: str) -> None:
@@ -445,7 +450,7 @@ class PodExecutor:
         namespaces: list[str],
         workdir: Path,
         targets: FileSD,
-        interval: float = 0.25,
+        interval: float = 0.5,
         bin_dir: Path | None = None,
     ) -> None:
         self.api = k8s_config.new_client_from_config(config_file=str(kubeconfig))

@@ -34,13 +34,16 @@ __all__ = ["MD", "SHAPE_A", "SHAPE_B", "Scenario", "compilejob", "deployment"]
 
 MD = "chat"
 SHAPE_A = Shape(
-    "A (long prompts, short answers)", prompt=(200, 400), output=(4, 12), concurrency=2, think_s=0.4
+    "A (long prompts, short answers)", prompt=(200, 400), output=(4, 12), concurrency=2, think_s=0.5
 )
 SHAPE_B = Shape(
-    "B (short prompts, long generations)", prompt=(16, 48), output=(128, 192), concurrency=3, think_s=0.5
+    "B (short prompts, long generations)", prompt=(16, 48), output=(128, 192), concurrency=2, think_s=1.0
 )
 BUDGET = {"maxExperiments": 6, "sandboxes": 1, "deadline": "5m", "experimentTimeout": "2m"}
 WINDOW_S = 15
+GATE = 1.01
+"""minSpeedup: beyond noise, by any margin. Two shared cores make the sandbox's measurements noisy
+(+-30% here), so a 1.5x win can have a lower bound of 1.03."""
 
 
 def deployment(pinned: str | None = None, policy: str = "Auto") -> dict[str, Any]:
@@ -62,11 +65,11 @@ def deployment(pinned: str | None = None, policy: str = "Auto") -> dict[str, Any
             "replicas": 3,
             "build": build,
             "recompile": {
-                "enabled": True, "driftThreshold": 0.25, "window": f"{WINDOW_S}s", "minRequests": 20,
+                "enabled": True, "driftThreshold": 0.25, "window": f"{WINDOW_S}s", "minRequests": 10,
                 "cooldown": "1h",
                 "compile": {"agent": {"kind": "Search"}, "budget": BUDGET,
                             "objective": {"metric": "outputTokensPerSecond"},
-                            "gates": {"tokenAgreement": 0.98, "minSpeedup": 1.05}},
+                            "gates": {"tokenAgreement": 0.98, "minSpeedup": GATE}},
             },
             "rollout": {
                 "steps": [{"weight": 33, "pause": "4s"}, {"weight": 66, "pause": "4s"}],
@@ -96,7 +99,7 @@ def compilejob(name: str, base: str, profile: dict[str, Any]) -> dict[str, Any]:
             "workload": {"profile": profile},
             "agent": {"kind": "Search"},
             "budget": BUDGET,
-            "gates": {"tokenAgreement": 0.98, "minSpeedup": 1.05},
+            "gates": {"tokenAgreement": 0.98, "minSpeedup": GATE},
         },
     }
 
@@ -135,7 +138,7 @@ class Scenario:
             self.tell_events()
             return fn()
 
-        return wait_for(what, probe, timeout, every=0.5)
+        return wait_for(what, probe, timeout, every=1.0)
 
     def tell_traffic(self) -> None:
         if self.traffic is None:
@@ -160,7 +163,7 @@ class Scenario:
         st = self.wait(
             "drift measured on the pinned deployment",
             lambda: (s := f.status(MD)).get("drift", {}).get("score") is not None
-            and s.get("trafficProfile", {}).get("requests", 0) >= 20 and s,
+            and s.get("trafficProfile", {}).get("requests", 0) >= 10 and s,
             90,
         )  # fmt: skip
         self.say(f"drift {st['drift']['score']:.2f}: {'; '.join(st['drift'].get('reasons', []))}")
@@ -201,8 +204,24 @@ class Scenario:
         name = cj["metadata"]["name"]
         st = f.status(MD)
         self.say(f"drift {st.get('drift', {}).get('score')}: CompileJob {name} opened")
-        done = self._compile(name)
+        done = self._quietly(lambda: self._compile(name))
         return {"compilejob": done, "status": f.status(MD)}
+
+    def _quietly(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``fn`` with the traffic eased off, then back to its shape.
+
+        Two shared cores are all there is: the serving engines would otherwise take the CPU the
+        sandbox measures on, and its paired comparisons would drown in noise.
+        """
+        assert self.traffic is not None
+        shape = self.traffic.shape
+        self.traffic.shift(shape.eased())
+        self.say(f"traffic eases off while the sandbox measures: {self.traffic.shape.describe()}")
+        try:
+            return fn()
+        finally:
+            self.traffic.shift(shape)
+            self.say(f"traffic back: {shape.describe()}")
 
     def _compile(self, name: str) -> dict[str, Any]:
         f = self.fleet
@@ -263,7 +282,7 @@ class Scenario:
         slowed = slowed_build(f.store, f.workdir)
         self.say(f"a slowed base build in the store: {slowed}")
         f.apply(compilejob(f"{MD}-slowed", slowed, copy.deepcopy(tuned)))
-        cj = self._compile(f"{MD}-slowed")
+        cj = self._quietly(lambda: self._compile(f"{MD}-slowed"))
         candidate = (cj["status"].get("best") or {}).get("build")
         waiting = self.wait(
             "WaitingForApproval",

@@ -102,7 +102,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert all(bound <= 64 for bound, count in prompts.items() if count > 0), profile  # compiled for shape B
     assert st["experiments"]["total"] >= 2 and st["experiments"]["passed"] >= 2
     best = st["best"]
-    assert BUILD.match(best["build"]) and best["speedup"] >= 1.05, best
+    assert BUILD.match(best["build"]) and best["speedup"] > 1.0, best
     assert st["ledgerUri"].startswith("s3://polymorph-e2e/")
     assert [s["index"] for s in st["sandboxes"]] == [0]
     assert fleet.store.has_build(best["build"]), "the best build is in S3"

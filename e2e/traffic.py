@@ -29,6 +29,7 @@ from executor import Endpoint
 __all__ = ["Shape", "TrackStats", "Traffic"]
 
 TRACK = "polymorph.dev/track"
+_WORDS = "abcdefghijklmnopqrstuvwxyz "  # prompts of random letters: one byte-level token each
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class Shape:
     output: tuple[int, int]
     concurrency: int
     think_s: float = 0.2
+
+    def eased(self, think_s: float = 3.0) -> Shape:
+        """The same shape at a trickle: one client, a long pause between its requests."""
+        return Shape(f"{self.name}, eased off", self.prompt, self.output, 1, think_s)
 
     def describe(self) -> str:
         return (
@@ -91,11 +96,11 @@ class Traffic:
         self.shape = shape
         self._grow()
 
-    def _pick(self) -> tuple[Endpoint | None, int, int]:
+    def _pick(self) -> tuple[Endpoint | None, str, int]:
         with self._lock:
             ready = sorted(self.endpoints(), key=lambda e: e.pod)
             shape = self.shape
-            prompt = self._rng.randint(*shape.prompt)
+            prompt = "".join(self._rng.choices(_WORDS, k=self._rng.randint(*shape.prompt)))
             output = self._rng.randint(*shape.output)
             if not ready:
                 return None, prompt, output
@@ -118,7 +123,7 @@ class Traffic:
                     r = http.post(
                         f"{endpoint.url}/v1/completions",
                         json={
-                            "prompt": ("the quick brown fox " * (prompt // 20 + 1))[:prompt],
+                            "prompt": prompt,
                             "max_tokens": output,
                         },
                     )
