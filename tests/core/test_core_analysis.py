@@ -93,6 +93,15 @@ def test_slower_canary_fails_with_values_beside_thresholds() -> None:
         and value.verdict == "Fail"
         and value.value == pytest.approx(0.5, rel=0.01)
     )
+    # The interval and the pods behind it sit beside the value, as the verdict used them.
+    assert value.lo is not None and value.hi is not None and value.lo <= value.value <= value.hi < 0.98
+    assert value.samples is not None and (value.samples.canary, value.samples.stable) == (2, 2)
+
+
+def test_custom_query_status_has_no_interval_or_samples() -> None:
+    run = run_analysis(spec(CUSTOM), None, {"custom": 3.0}, NOW)
+    value = run.metrics[0].status(NOW)
+    assert value.value == 3.0 and value.lo is None and value.hi is None and value.samples is None
 
 
 @pytest.mark.parametrize(

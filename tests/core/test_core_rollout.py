@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from polymorph.api import AnalysisValue, RolloutStatus
+from polymorph.api.modeldeployment import RolloutPhase
 from polymorph.core.analysis import AnalysisRun, Verdict
 from polymorph.core.rollout import (
     Emit,
     Observation,
+    Phase,
     Promote,
     Record,
     RolloutState,
@@ -20,7 +24,9 @@ from polymorph.core.rollout import (
     analysis_due,
     canary_replicas,
     desired,
+    from_status,
     step,
+    to_status,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -277,8 +283,9 @@ def test_restart_mid_step_continues_from_status_without_repeating_the_step() -> 
     w.tick(0)
     w.tick(1)
     w.tick(31, "Pass")
-    # The operator dies; a new one reads the state back from status (JSON) and goes on.
-    restored = RolloutState.model_validate_json(w.state.model_dump_json())
+    # The operator dies; a new one reads the state back from status.rollout (JSON) and goes on.
+    written = to_status(w.state, obs(31, stable=w.stable, canary=w.canary)).model_dump_json(exclude_none=True)
+    restored = from_status(RolloutStatus.model_validate_json(written))
     assert restored == w.state
     w2 = World(restored)
     w2.stable, w2.canary = w.stable, w.canary
@@ -317,3 +324,35 @@ def test_no_step_advances_while_metrics_are_unavailable() -> None:
     w.tick(31, "Pass")
     assert w.tick(61, metrics_ok=False) == [] and w.state.step == 0
     assert reasons(w.tick(62)) == ["CanaryStep"] and w.state.step == 1
+
+
+def test_status_rollout_holds_the_whole_state() -> None:
+    """status.rollout is the one record a rollout resumes from: no field of the state may be missing."""
+    assert set(RolloutState.model_fields) <= set(RolloutStatus.model_fields)
+    assert set(typing.get_args(Phase)) <= set(typing.get_args(RolloutPhase))
+
+
+@pytest.mark.parametrize("phase", typing.get_args(Phase))
+def test_status_round_trip_of_every_phase(phase: str) -> None:
+    value = AnalysisValue(name="throughput", value=0.9, lo=0.85, hi=0.95, min=0.98, verdict="Fail")
+    state = RolloutState(
+        phase=phase, build=NEW, fromBuild=OLD, step=1, stepStartedAt=T0, lastAnalysisAt=T0 + timedelta(seconds=30),
+        lastVerdict="Fail", failures=2, canaryReplicas=2, stableReplicas=2, startedAt=T0 - timedelta(minutes=5),
+        finishedAt=T0 + timedelta(minutes=1), target="RolledBack", reason="slow", message="m",
+        approvalAtPause=True, analysis=[value],
+    )  # type: ignore[arg-type]  # fmt: skip
+    o = obs(stable=TrackObservation(OLD, 2, 2), canary=TrackObservation(NEW, 2, 1))
+    status = to_status(state, o)
+    assert status.actualWeight == pytest.approx(33.33)
+    assert status.weight == (None if phase in ("Idle", "Succeeded", "RolledBack", "Aborted") else 50)
+    again = RolloutStatus.model_validate_json(status.model_dump_json(exclude_none=True))
+    assert from_status(again) == state
+
+
+def test_no_status_is_idle_and_retired_phases_read_as_their_successors() -> None:
+    assert from_status(None) == RolloutState() and from_status(RolloutStatus()) == RolloutState()
+    assert from_status(RolloutStatus(phase="Promoted", build=NEW)).phase == "Succeeded"
+    assert from_status(RolloutStatus(phase="Failed", build=NEW)).phase == "Aborted"
+    # A finished rollout read back does not start again for the same candidate.
+    state, actions = step(from_status(RolloutStatus(phase="Promoted", build=NEW)), obs())
+    assert state.phase == "Succeeded" and actions == []

@@ -41,7 +41,10 @@ def status(api: Api) -> dict[str, Any]:
 
 
 def state(api: Api) -> dict[str, Any]:
-    return (status(api).get("polymorph") or {}).get("rollout") or {}
+    """``status.rollout``: the one record of the rollout, which the operator resumes from."""
+    st = status(api)
+    assert set(st.get("polymorph") or {}) <= {"seq"}, st["polymorph"]  # no second, untyped copy
+    return st.get("rollout") or {}
 
 
 def hand_over(api: Api, build: str) -> None:
@@ -87,10 +90,14 @@ def test_slower_canary_rolls_back(
     )
     st = status(api)
     assert st["activeBuild"]["id"] == "reference" and st["history"][-1]["outcome"] == "RolledBack"
-    assert st["rollout"]["phase"] == "RolledBack"
+    assert st["rollout"]["phase"] == "RolledBack" and st["rollout"]["fromBuild"] == "reference"
+    assert st["rollout"]["target"] == "RolledBack" and "analysis failed 2 times" in st["rollout"]["reason"]
     values = {v["name"]: v for v in st["rollout"]["analysis"]}
     assert values["throughput"]["min"] == 0.98 and values["throughput"]["verdict"] == "Fail"
-    assert values["throughput"]["value"] < 0.6
+    assert values["throughput"]["value"] < 0.6 and values["throughput"]["samples"] == {
+        "canary": 2,
+        "stable": 2,
+    }
     assert len(api.events("RolledBack")) == 1
     time.sleep(2)  # the same candidate is not rolled out again
     assert api.deployment("chat-canary") is None and len(api.events("CanaryStep")) == 1

@@ -345,7 +345,21 @@ class ModelDeploymentSpec(StrictModel):
 # Status: written only by the operator.
 
 DeploymentPhase = Literal["Pending", "Serving", "Compiling", "RollingOut", "Degraded"]
-RolloutPhase = Literal["Idle", "Progressing", "Paused", "Promoted", "RolledBack", "Failed"]
+RolloutPhase = Literal[
+    "Idle",
+    "Progressing",
+    "Paused",
+    "Promoting",
+    "Succeeded",
+    "RollingBack",
+    "RolledBack",
+    "Aborted",
+    "Promoted",
+    "Failed",
+]
+"""The rollout state machine's phases (``polymorph.core.rollout``): Idle -> Progressing -> Promoting ->
+Succeeded, or Paused, or RollingBack -> RolledBack | Aborted. ``Promoted`` and ``Failed`` are
+never written any more; a status that still holds them reads as Succeeded and Aborted."""
 Verdict = Literal["Pass", "Fail", "Inconclusive"]
 
 
@@ -386,11 +400,23 @@ class CompileJobRef(StatusModel):
     createdAt: datetime | None = None
 
 
+class AnalysisSamples(StatusModel):
+    """How many serving pods of each track a builtin ratio was computed from."""
+
+    canary: int = Field(ge=0)
+    stable: int = Field(ge=0)
+
+
 class AnalysisValue(StatusModel):
-    """One analysis measurement next to its threshold."""
+    """One analysis measurement next to its threshold: the value, its confidence interval and the verdict."""
 
     name: str
     value: float | None = None
+    lo: float | None = Field(default=None, description="Lower end of the value's confidence interval.")
+    hi: float | None = Field(default=None, description="Upper end of the value's confidence interval.")
+    samples: AnalysisSamples | None = Field(
+        default=None, description="Pods per track behind a builtin ratio; absent for custom queries."
+    )
     min: float | None = None
     max: float | None = None
     verdict: Verdict | None = None
@@ -398,10 +424,18 @@ class AnalysisValue(StatusModel):
 
 
 class RolloutStatus(StatusModel):
-    """Where the current rollout is."""
+    """Where the current (or last) rollout is: the one record the operator resumes a rollout from.
+
+    Every field of the state machine's state (``polymorph.core.rollout.RolloutState``) is here, so
+    after a restart the rollout continues from status alone, with step and pause timing taken
+    from the recorded timestamps; ``weight`` and ``actualWeight`` are views for people.
+    """
 
     phase: RolloutPhase | None = None
     build: str | None = Field(default=None, description="The candidate build being rolled out.")
+    fromBuild: str | None = Field(
+        default=None, description="The stable build when the rollout started (what a rollback returns to)."
+    )
     step: int | None = Field(default=None, ge=0, description="Index into spec.rollout.steps.")
     weight: int | None = Field(default=None, ge=0, le=100, description="Desired canary weight (percent).")
     actualWeight: float | None = Field(
@@ -409,8 +443,22 @@ class RolloutStatus(StatusModel):
     )
     canaryReplicas: int | None = None
     stableReplicas: int | None = None
-    stepStartedAt: datetime | None = None
-    failures: int | None = Field(default=None, ge=0)
+    startedAt: datetime | None = Field(default=None, description="When the rollout started.")
+    stepStartedAt: datetime | None = Field(
+        default=None, description="When the current step settled (its canary replicas ready)."
+    )
+    lastAnalysisAt: datetime | None = Field(default=None, description="The current step's latest analysis.")
+    lastVerdict: Verdict | None = Field(default=None, description="The current step's latest verdict.")
+    failures: int | None = Field(default=None, ge=0, description="Consecutive failed analysis runs.")
+    finishedAt: datetime | None = None
+    target: Literal["RolledBack", "Aborted"] | None = Field(
+        default=None, description="Where a rollback (phase RollingBack) ends."
+    )
+    reason: str | None = Field(default=None, description="Why the rollout is rolling back, paused or ended.")
+    approvalAtPause: bool | None = Field(
+        default=None,
+        description="The approve annotation already named this build when it paused: resuming needs it re-applied.",
+    )
     analysis: list[AnalysisValue] = Field(default_factory=list)
     message: str | None = None
 
@@ -426,6 +474,16 @@ class RolloutRecord(StatusModel):
     reason: str | None = None
 
 
+class OperatorRecord(StatusModel):
+    """``status.polymorph``: what the operator keeps for itself."""
+
+    seq: int | None = Field(
+        default=None,
+        ge=0,
+        description="Number of the operator's last status write; a body with a lower one is stale.",
+    )
+
+
 class ModelDeploymentStatus(StatusModel):
     """What the operator observed and did. It never writes spec."""
 
@@ -439,6 +497,9 @@ class ModelDeploymentStatus(StatusModel):
     lastCompileJob: CompileJobRef | None = None
     rollout: RolloutStatus | None = None
     history: list[RolloutRecord] = Field(default_factory=list)
+    polymorph: OperatorRecord | None = Field(
+        default=None, description="The operator's own bookkeeping (not for people)."
+    )
 
 
 _MD_NAME = re.compile(MD_NAME_PATTERN)
@@ -472,6 +533,7 @@ __all__ = [
     "DEFAULT_RESOURCE_NAMES",
     "Accelerator",
     "AnalysisMetric",
+    "AnalysisSamples",
     "AnalysisSpec",
     "AnalysisValue",
     "BuildSpec",
@@ -490,6 +552,7 @@ __all__ = [
     "ModelDeploymentSpec",
     "ModelDeploymentStatus",
     "ModelSource",
+    "OperatorRecord",
     "ResourceRequirements",
     "RolloutPhase",
     "RolloutRecord",

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Literal
 
 from polymorph.api import AnalysisSpec, AnalysisValue
-from polymorph.api.modeldeployment import AnalysisMetric, ThresholdRange
+from polymorph.api.modeldeployment import AnalysisMetric, AnalysisSamples, ThresholdRange
 from polymorph.core.promql import TrackSamples
 from polymorph.stats import Estimate, ratio
 
@@ -68,9 +68,13 @@ class MetricResult:
         return f"{self.name} {self.value:.4g}{interval} ({bounds}): {self.verdict}"
 
     def status(self, at: datetime) -> AnalysisValue:
+        canary, stable = self.samples
         return AnalysisValue(
             name=self.name,
             value=None if self.value is None else round(self.value, 6),
+            lo=None if self.lo is None else round(self.lo, 6),
+            hi=None if self.hi is None else round(self.hi, 6),
+            samples=AnalysisSamples(canary=canary, stable=stable) if canary or stable else None,
             min=self.threshold.min,
             max=self.threshold.max,
             verdict=self.verdict,

@@ -14,7 +14,8 @@ Rules:
   the step's pause and analysis interval count from it. Analysis is due every ``interval``
   after that. The step advances once its pause has passed and its latest analysis passed,
   and never while the metrics cannot be read (``metrics_ok`` false: Prometheus is down).
-- Everything the machine needs is in the state, which the operator keeps in status, and
+- Everything the machine needs is in the state, which the operator keeps in ``status.rollout``
+  (``to_status`` writes it, ``from_status`` reads it back; the two round-trip exactly), and
   times come from recorded timestamps; after a restart it continues where it was. Replaying
   an observation already applied gives no new action: events and effects happen only on
   transitions, and the desired replica counts are a function of state and observation.
@@ -32,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polymorph.api import AnalysisValue
+from polymorph.api import AnalysisValue, RolloutStatus
 from polymorph.core.analysis import AnalysisRun, Verdict
 
 __all__ = [
@@ -51,13 +52,17 @@ __all__ = [
     "analysis_due",
     "canary_replicas",
     "desired",
+    "from_status",
     "step",
+    "to_status",
 ]
 
 Phase = Literal[
     "Idle", "Progressing", "Paused", "Promoting", "Succeeded", "RollingBack", "RolledBack", "Aborted"
 ]
 TERMINAL: frozenset[str] = frozenset({"Idle", "Succeeded", "RolledBack", "Aborted"})
+# Phases an earlier operator wrote to status.rollout, read as the phase that replaced them.
+_RETIRED: dict[str, Phase] = {"Promoted": "Succeeded", "Failed": "Aborted"}
 
 
 class RolloutState(BaseModel):
@@ -399,3 +404,27 @@ def step(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Acti
         state, more = _finish(state, obs)
         actions += more
     return _with_replicas(state, obs), actions
+
+
+def to_status(state: RolloutState, obs: Observation | None) -> RolloutStatus:
+    """``status.rollout``: the whole state, plus the desired and actual canary weight for people."""
+    weight = None
+    if obs is not None and state.phase not in TERMINAL and obs.steps:
+        weight = obs.steps[min(state.step, len(obs.steps) - 1)].weight
+    return RolloutStatus.model_validate(
+        {
+            **state.model_dump(),
+            "weight": weight,
+            "actualWeight": actual_weight(obs) if obs is not None else None,
+        }
+    )
+
+
+def from_status(status: RolloutStatus | None) -> RolloutState:
+    """The state recorded in ``status.rollout`` (Idle when there is none), to continue from."""
+    if status is None:
+        return RolloutState()
+    doc = status.model_dump(exclude_none=True, exclude={"weight", "actualWeight"})
+    if "phase" in doc:
+        doc["phase"] = _RETIRED.get(doc["phase"], doc["phase"])
+    return RolloutState.model_validate(doc)

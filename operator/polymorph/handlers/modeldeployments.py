@@ -5,14 +5,16 @@ the core and applies what it returns:
 - the spec through pydantic (a spec the CRD admits but the model refuses sets Degraded with
   the one-sentence message; the change handler fails with ``PermanentError`` and the timer
   waits for a fix: no crash loop, no retry storm);
-- the rollout state from ``status.polymorph.rollout``; the stable and canary Deployments from
+- the rollout state from ``status.rollout`` (the one typed record of it, ``core.rollout.from_status``);
+  the stable and canary Deployments from
   the kopf index of the Deployments the operator owns; the analysis (only when due) from the
   fleet-wide analysis samples plus the deployment's custom queries;
 - ``core.rollout.step`` -> the next state, Events and effects (promotion, history);
 - ``core.resources`` -> the Deployments, written only when they differ from what is there;
-- status: observedGeneration, activeBuild, the public ``status.rollout`` view, history,
-  the Ready/Compiling/RollingOut/Degraded conditions and the phase, patched only where it
-  changed. It never writes spec.
+- status: observedGeneration, activeBuild, ``status.rollout`` (``core.rollout.to_status``),
+  history, the Ready/Compiling/RollingOut/Degraded conditions and the phase, and
+  ``status.polymorph.seq`` (stale-body detection), patched only where it changed. It never
+  writes spec.
 
 It knows nothing about drift (``fleet``) or sandboxes (``compilejobs``).
 """
@@ -20,7 +22,6 @@ It knows nothing about drift (``fleet``) or sandboxes (``compilejobs``).
 from __future__ import annotations
 
 import asyncio
-import typing
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -33,10 +34,8 @@ from polymorph.api import (
     ModelDeployment,
     ModelDeploymentStatus,
     RolloutRecord,
-    RolloutStatus,
     parse_duration,
 )
-from polymorph.api.modeldeployment import RolloutPhase
 from polymorph.clients.kube import DEPLOYMENTS, SERVICES, KubeError, apply, contains
 from polymorph.clients.prometheus import PrometheusUnavailable
 from polymorph.core import promql, rollout
@@ -47,20 +46,11 @@ from polymorph.handlers.context import Context, sequence, sequenced_patch
 from polymorph.handlers.observability import object_log
 from polymorph.validate import validate_document
 
-__all__ = ["ANNOTATION_ABORT", "ANNOTATION_APPROVE", "parse", "public_rollout", "tick"]
+__all__ = ["ANNOTATION_ABORT", "ANNOTATION_APPROVE", "parse", "tick"]
 
 ANNOTATION_APPROVE = "polymorph.dev/approve"
 ANNOTATION_ABORT = "polymorph.dev/abort"
 HISTORY = 10
-_API_PHASES = set(typing.get_args(RolloutPhase))
-# Until the API's RolloutPhase lists every phase of the state machine, the public view maps the
-# missing ones onto the nearest it has; status.polymorph.rollout always holds the exact phase.
-_PHASE_FALLBACK = {
-    "Promoting": "Progressing",
-    "RollingBack": "Progressing",
-    "Succeeded": "Promoted",
-    "Aborted": "Failed",
-}
 
 
 def parse(body: Mapping[str, Any]) -> tuple[ModelDeployment | None, str]:
@@ -75,28 +65,6 @@ def parse(body: Mapping[str, Any]) -> tuple[ModelDeployment | None, str]:
     except ValueError:
         status = ModelDeploymentStatus()
     return obj.model_copy(update={"status": status}), ""
-
-
-def public_rollout(state: rollout.RolloutState, obs: rollout.Observation | None) -> RolloutStatus:
-    """The ``status.rollout`` users read: phase, step, weights, replicas and analysis beside thresholds."""
-    phase = state.phase if state.phase in _API_PHASES else _PHASE_FALLBACK[state.phase]
-    active = state.phase not in rollout.TERMINAL
-    weight = None
-    if obs is not None and active and obs.steps:
-        weight = obs.steps[min(state.step, len(obs.steps) - 1)].weight
-    return RolloutStatus(
-        phase=phase,
-        build=state.build,
-        step=state.step if active else None,
-        weight=weight,
-        actualWeight=rollout.actual_weight(obs) if obs is not None else None,
-        canaryReplicas=state.canaryReplicas,
-        stableReplicas=state.stableReplicas,
-        stepStartedAt=state.stepStartedAt,
-        failures=state.failures,
-        analysis=state.analysis,
-        message=state.message,
-    )
 
 
 def _track(body: Mapping[str, Any] | None) -> rollout.TrackObservation | None:
@@ -336,8 +304,7 @@ async def tick(
         if first:
             await asyncio.to_thread(apply, ctx.kube, SERVICES, serving_service(md))
         return "Stale"
-    internal = dict((body.get("status") or {}).get("polymorph") or {})
-    state = rollout.RolloutState.model_validate(internal.get("rollout") or {})
+    state = rollout.from_status(old.rollout)
     obs = _observation(md.model_copy(update={"status": status}), now, active, deployments)
     if pinned is None and rollout.analysis_due(state, obs):
         obs = rollout_obs_with(obs, await _analysis(md, ctx, now))
@@ -357,11 +324,10 @@ async def tick(
         await _children(md, ctx, tracks, deployments)
     except KubeError as exc:
         raise kopf.TemporaryError(f"could not write the children: {exc}", delay=10) from None
-    status.rollout = public_rollout(new_state, obs)
+    status.rollout = rollout.to_status(new_state, obs)
     _conditions(md, status, new_state, obs, ctx, now)
     _announce_degraded(ctx, body, old, status)
     new_doc = status.model_dump(mode="json", exclude_none=True)
-    new_doc["polymorph"] = {"rollout": new_state.model_dump(mode="json", exclude_none=True)}
     old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}
     diff = sequenced_patch(old_doc, new_doc, seq)
     for field_name, value in diff.items():

@@ -212,5 +212,5 @@ def _count_phases(ctx: Context, index_ref: list[Any]) -> None:
 
 
 def _rollout_phase(body: Mapping[str, Any]) -> str:
-    state = ((body.get("status") or {}).get("polymorph") or {}).get("rollout") or {}
+    state = (body.get("status") or {}).get("rollout") or {}
     return str(state.get("phase") or "Idle")
