@@ -77,8 +77,9 @@ def _compiles(knobs: dict[str, Any]) -> bool:
     return any((k, v) in COMPILE_VALUES for k, v in knobs.items())
 
 
-def exhaustive(knobs: list[str], work: Path) -> list[tuple[dict[str, Any], Path]]:
-    """Every distinct requirement-complete combination of ``knobs`` (others at default), as build dirs."""
+def exhaustive(knobs: list[str], work: Path, skip: list[str]) -> list[tuple[dict[str, Any], Path]]:
+    """Every distinct requirement-complete combination of ``knobs`` (others at default), as build dirs,
+    less those with a ``skip``ped ``knob=value``."""
     spec = read_build(REFERENCE_BUILD)
     defaults = {name: knob.default for name, knob in spec.knobs.items()}
     requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
@@ -90,6 +91,8 @@ def exhaustive(knobs: list[str], work: Path) -> list[tuple[dict[str, Any], Path]
         config = with_requirements(defaults | dict(zip(knobs, values, strict=True)), requires, defaults)
         # A combination its requirements changed beyond --knobs is another point's duplicate or outside.
         if any(config[k] != defaults[k] for k in config if k not in knobs):
+            continue
+        if any(f"{k}={str(v).lower() if isinstance(v, bool) else v}" in skip for k, v in config.items()):
             continue
         seen.setdefault(config_key(config), config)
     out = []
@@ -111,6 +114,13 @@ def main() -> int:
         "--knobs",
         default="kv_cache,attention,sampling,fused_qkv,decode_capture",
         help="comma-separated knobs swept exhaustively (the others stay at their defaults)",
+    )
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="leave combinations with this knob value out of the sweep (repeatable; e.g. decode_capture=compile)",
     )
     parser.add_argument("--max-experiments", type=int, default=30, help="the campaign's budget (default 30)")
     parser.add_argument("--min-speedup", type=float, default=1.05)
@@ -139,7 +149,7 @@ def main() -> int:
         work = Path(tmp)
         start_s = supervisor.stats.load_seconds[0]
         baseline = supervisor.run(REFERENCE_BUILD, description="baseline")
-        points = exhaustive(knobs, work)
+        points = exhaustive(knobs, work, args.skip)
         print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
         sweep_started = time.monotonic()
         swept = []
@@ -209,6 +219,7 @@ def main() -> int:
         "baseline": _point(baseline),
         "exhaustive": {
             "knobs": knobs,
+            "skipped": args.skip,
             "combinations": len(points),
             "seconds": round(sweep_s, 1),
             "best": best_point,
