@@ -5,7 +5,9 @@ and judging a candidate against them with ``polymorph.api.Gates``.
 
 Protocol (identical for golden and candidate, so differences come from the build alone):
 all P prompts are prefilled into slots 0..P-1 of one cache, then K-1 batched decode steps
-run over all slots. The candidate is *teacher-forced*: each decode step is fed the golden
+run over all slots, every prompt in every step (the hot-path contract prefills one slot at a
+time; decode is one batched call). Logits and tokens stay on the device until the end, so the
+steps run back to back with no host sync between them, and come back in one transfer. The candidate is *teacher-forced*: each decode step is fed the golden
 token of the previous step, not its own, so one early mismatch cannot cascade. At every
 step the candidate's ``sample(logits)`` is compared with the golden token.
 
@@ -99,8 +101,9 @@ def _run(
             raise ValueError(
                 f"the build sampled tokens of shape {tuple(sampled.shape)} at step {k}, expected {(n,)}"
             )
-        all_logits.append(logits.float().cpu())
-        all_tokens.append(sampled.cpu())
+        # Kept on the device: one transfer at the end instead of two syncs per step.
+        all_logits.append(logits.float())
+        all_tokens.append(sampled)
         return sampled
 
     try:
@@ -109,9 +112,10 @@ def _run(
             for i, p in enumerate(prompts)
         ]
         sampled = record(torch.stack(first), 0)  # [P, V]
-        slots = torch.arange(n, dtype=torch.int64, device=device)  # [P]
+        slots = torch.arange(n, dtype=torch.int64)  # [P], on the CPU as the contract asks
+        feeds = forced.to(device) if forced is not None else None  # [P, K]
         for k in range(1, steps):
-            feed = forced[:, k - 1].to(device) if forced is not None else sampled
+            feed = feeds[:, k - 1] if feeds is not None else sampled
             sampled = record(hotpath.decode(cache, slots, feed), k)
     except BaseException:
         with contextlib.suppress(Exception):  # the build's first error is the story, not a later one
@@ -120,7 +124,7 @@ def _run(
         raise
     for i in range(n):
         hotpath.free(cache, i)
-    return torch.stack(all_tokens, dim=1).to(torch.int64), torch.stack(all_logits, dim=1)
+    return torch.stack(all_tokens, dim=1).to(torch.int64).cpu(), torch.stack(all_logits, dim=1).cpu()
 
 
 def golden(model: LoadedModel, prompts: list[list[int]], steps: int) -> Golden:
