@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -62,8 +63,9 @@ def operator(
     store = tmp_path / "store"
     store.mkdir()
 
-    def start(**flags: str) -> OperatorProcess:
-        proc = OperatorProcess(cluster[2], prometheus.url, store, tmp_path / "operator.log", **flags)
+    def start(**flags: Any) -> OperatorProcess:
+        log = tmp_path / f"operator-{flags.get('pod_id') or 'standalone'}.log"
+        proc = OperatorProcess(cluster[2], prometheus.url, store, log, **flags)
         started.append(proc)
         return proc.start()
 

@@ -96,16 +96,32 @@ def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, every: flo
 
 
 class OperatorProcess:
-    """The real operator, as a child process, against the emulator and Prometheus."""
+    """The real operator, as a child process, against the emulator and Prometheus.
 
-    def __init__(self, kubeconfig: Path, prometheus_url: str, store: Path, log: Path, **flags: str) -> None:
+    By default it watches ``NS`` with ``--standalone``; ``namespace=None`` watches every namespace,
+    ``standalone=False`` runs kopf peering, and ``pod_id`` names the replica in the peering object
+    (kopf reads ``POD_ID``, as the chart's pods would set it).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        prometheus_url: str,
+        store: Path,
+        log: Path,
+        *,
+        namespace: str | None = NS,
+        standalone: bool = True,
+        pod_id: str | None = None,
+        **flags: str,
+    ) -> None:
         self.metrics_port, self.health_port = free_port(), free_port()
         self.args = [
             sys.executable, "-m", "polymorph.cli", "operator",
-            "--namespace", NS,
+            *(["--namespace", namespace] if namespace else ["--all-namespaces"]),
             "--prometheus-url", prometheus_url,
             "--store", str(store),
-            "--standalone",
+            *(["--standalone"] if standalone else []),
             "--metrics-port", str(self.metrics_port),
             "--health-port", str(self.health_port),
             "--drift-interval", flags.pop("drift_interval", "1"),
@@ -114,6 +130,8 @@ class OperatorProcess:
         for key, value in flags.items():
             self.args += [f"--{key.replace('_', '-')}", value]
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(REPO / "tests")}
+        if pod_id is not None:
+            self.env["POD_ID"] = pod_id
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 

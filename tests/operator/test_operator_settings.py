@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from operator_harness import REPO
 
 from polymorph.errors import UsageError
+from polymorph.handlers.registry import kopf_settings
 from polymorph.handlers.settings import OperatorConfig, configure, from_args
 
 BASE = ["--namespace", "a", "--prometheus-url", "http://prom:9090", "--store", "s3://bucket/store"]
@@ -68,6 +70,11 @@ def test_environment_fallbacks() -> None:
             ["--namespace", "Bad_NS", "--prometheus-url", "http://p", "--store", "x"],
             "--namespace 'Bad_NS' is not a namespace name",
         ),
+        (
+            [*BASE, "--peering-priority", "-3"],
+            "--peering-priority must be a whole number from 0 to 2147483647",
+        ),
+        ([*BASE, "--peering-priority", "2147483648"], "--peering-priority must be a whole number from 0"),
     ],
 )
 def test_bad_values_are_one_sentence(argv: list[str], message: str) -> None:
@@ -81,3 +88,22 @@ def test_the_process_reports_bad_flags_without_a_traceback() -> None:
                           capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --prometheus-url must be an http(s):// URL of Prometheus; got None"
+
+
+def test_peering_priority_is_random_per_process_unless_given() -> None:
+    """kopf pauses every replica that sees a peer of equal priority: two processes must not share one."""
+    drawn = {parse(BASE).peering_priority for _ in range(20)}
+    assert len(drawn) == 20 and all(0 < p < 2**31 for p in drawn)
+    assert parse([*BASE, "--peering-priority", "7"]).peering_priority == 7
+    assert parse(BASE, {"POLYMORPH_PEERING_PRIORITY": "9"}).peering_priority == 9
+    assert (
+        parse([*BASE, "--peering-priority", "7"], {"POLYMORPH_PEERING_PRIORITY": "9"}).peering_priority == 7
+    )
+
+
+def test_kopf_settings_carry_the_peering_priority() -> None:
+    config = parse([*BASE, "--peering-priority", "42", "--peering", "pm"])
+    settings = kopf_settings(SimpleNamespace(config=config))  # type: ignore[arg-type]  # only .config is read
+    assert (
+        settings.peering.priority == 42 and settings.peering.name == "pm" and not settings.peering.standalone
+    )

@@ -8,8 +8,10 @@ client, the artifact store, metrics), and running kopf with the registry of
 
 Peering: with several replicas (the chart's ``replicas > 1``), kopf's peering object (a
 ``KopfPeering``, or ``ClusterKopfPeering`` for ``--all-namespaces``, named by ``--peering``)
-elects one active replica; the others keep their watches paused and take over when it
-stops. The fleet drift loop's CompileJob names are fixed per cooldown period, so even two
+elects one active replica, the one with the highest ``--peering-priority`` (random per
+process by default: kopf pauses every replica that sees a peer of equal priority, so a
+shared priority would pause them all); the others keep their watches paused and take over
+when it stops. The fleet drift loop's CompileJob names are fixed per cooldown period, so even two
 active replicas cannot open two jobs for one drift.
 
 It knows nothing about what the handlers decide.
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         drift_interval_s=config.drift_interval_s,
         rollout_interval_s=config.rollout_interval_s,
         standalone=config.standalone,
+        peering_priority=config.peering_priority,
     )
     asyncio.run(
         kopf.operator(

@@ -4,7 +4,8 @@ Owns the registry (built per operator, so intervals come from the flags), the in
 (ModelDeployments for the fleet loop, the operator's Deployments for rollout observations,
 CompileJobs by deployment for "is one running"), and kopf's settings: progress and diff-base
 storage in ``status.kopf`` (never annotations, so GitOps tools see no drift), no Events from
-log lines (only the decisions handlers post), and peering unless ``--standalone``.
+log lines (only the decisions handlers post), and peering unless ``--standalone``, with this
+process's own priority (``--peering-priority``, random by default: kopf pauses equal peers).
 It knows nothing about what the handlers decide; it only connects them.
 """
 
@@ -41,6 +42,9 @@ def kopf_settings(ctx: Context) -> kopf.OperatorSettings:
     settings.execution.max_workers = 8
     settings.peering.standalone = ctx.config.standalone
     settings.peering.name = ctx.config.peering
+    # kopf pauses a replica that sees a live peer of higher or *equal* priority; with one shared
+    # default priority every replica would pause and nothing would run.
+    settings.peering.priority = ctx.config.peering_priority
     settings.peering.clusterwide = ctx.config.all_namespaces
     # With explicit namespaces there is nothing to scan: no cluster-wide watch of namespaces or
     # CRDs, so a namespaced install needs no cluster-scoped read access for them.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -17,9 +18,10 @@ from polymorph.api import parse_duration
 from polymorph.core.resources import ClusterSettings
 from polymorph.errors import UsageError
 
-__all__ = ["OperatorConfig", "configure", "from_args", "parse_interval"]
+__all__ = ["OperatorConfig", "configure", "from_args", "parse_interval", "random_priority"]
 
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+PRIORITY_MAX = 2**31 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -43,6 +45,9 @@ class OperatorConfig:
     standalone: bool = False
     """No kopf peering (one replica); otherwise replicas share the peering object below."""
     peering: str = "polymorph"
+    peering_priority: int = 0
+    """This replica's kopf peering priority. kopf pauses every replica that sees a live peer of
+    higher *or equal* priority, so replicas must differ: the default is random per process."""
     log_level: str = "info"
     cluster: ClusterSettings = field(default_factory=lambda: ClusterSettings(store=""))
     """What shapes every child: store, its Secret, images, the default Anthropic Secret."""
@@ -112,6 +117,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="no kopf peering: a single replica ($POLYMORPH_STANDALONE)",
     )
     add("--peering", help="kopf peering object shared by replicas (default polymorph; $POLYMORPH_PEERING)")
+    add(
+        "--peering-priority",
+        help="this replica's peering priority, 0..2147483647; the highest live one acts "
+        "(default random per process; $POLYMORPH_PEERING_PRIORITY)",
+    )
     add("--log-level", help="debug, info, warning or error (default info; $POLYMORPH_LOG_LEVEL)")
 
 
@@ -119,6 +129,20 @@ def _port(value: str, flag: str) -> int:
     if not value.isdigit() or not 0 < int(value) < 65536:
         raise UsageError(f"{flag} must be a port number from 1 to 65535; got {value!r}")
     return int(value)
+
+
+def random_priority() -> int:
+    """A peering priority for one process: random, so two replicas (almost surely) differ."""
+    return secrets.randbelow(PRIORITY_MAX) + 1
+
+
+def _priority(value: str | None) -> int:
+    if value is None or not value.strip():
+        return random_priority()
+    text = value.strip()
+    if not text.isdigit() or int(text) > PRIORITY_MAX:
+        raise UsageError(f"--peering-priority must be a whole number from 0 to {PRIORITY_MAX}; got {value!r}")
+    return int(text)
 
 
 def _flag_bool(value: bool | None, env: Mapping[str, str], name: str) -> bool:
@@ -187,6 +211,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         health_port=_port(get("health-port", "8080") or "8080", "--health-port"),
         standalone=_flag_bool(args.standalone, env, "standalone"),
         peering=get("peering", "polymorph") or "polymorph",
+        peering_priority=_priority(get("peering-priority")),
         log_level=level,
         cluster=cluster,
     )
