@@ -224,6 +224,20 @@ def test_greedy_accumulates_gains_and_pairs_each_step_with_the_current_best(
     assert (combined, defaults) in runner.ran
 
 
+def test_the_last_experiment_is_kept_for_the_final_paired_measurement(tmp_path: Path, base: Path) -> None:
+    # Baseline + 5 sweep points + 3 greedy steps would spend 9 of 9 without measuring the kept
+    # combination against the baseline; the search stops combining to keep one for that.
+    runner = LandscapeRunner()
+    out = Campaign(
+        settings(base, budget=Budget(maxExperiments=9, sandboxes=1)), open_store(str(tmp_path / "s")), runner
+    ).run(SearchAgent())
+    defaults = read_build(base).defaults()
+    assert len(runner.ran) <= 9
+    assert runner.ran[-1][1] == defaults, "the last experiment pairs the search's best with the baseline"
+    assert out.result.state == "improved" and out.result.best is not None
+    assert out.result.best.knobs == runner.ran[-1][0]
+
+
 def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, base: Path) -> None:
     store = open_store(str(tmp_path / "store"))
     first = LandscapeRunner()

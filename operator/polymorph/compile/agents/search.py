@@ -6,7 +6,8 @@ Plan (pure functions below, the agent only walks it):
 2. sweep: every knob set to each of its non-default choices, one knob at a time, each
    benchmarked paired with the baseline; a change's *gain* is its paired speedup;
 3. greedy combination: from the baseline, add the sweep's changes that measured a gain > 1,
-   one at a time in order of gain. Each combination is benchmarked paired with the *current
+   one at a time in order of gain (a change only of knobs the current configuration already
+   sets, such as another value of the same knob, is left to refinement). Each combination is benchmarked paired with the *current
    best* configuration in one engine, and kept only when it still helps by the paired rule
    (the interval of combination / current lies above 1: ``campaign.compare(...).significant``);
    so knobs accumulate, and a knob whose gain another already delivered is dropped;
@@ -164,13 +165,11 @@ class SearchAgent:
         # 3. Greedy combination: add each gain to the current best; keep it if it still helps, paired.
         current, current_rec = defaults, base
         for _, config, record in singles:
-            if (
-                ctx.experiments_left() <= 1
-                and current_rec is not base
-                and not self._against_base(current_rec)
-            ):
+            if not self._room(ctx, current_rec, base):
                 break  # keep the last experiment for the final paired measurement
             changed = {k: v for k, v in config.items() if v != defaults[k]}
+            if changed.keys() <= {k for k, v in current.items() if v != defaults[k]}:
+                continue  # another value of knobs already set: refinement's job, not a new gain
             candidate = with_requirements(current | changed, requires, defaults)
             if candidate == current:
                 continue
@@ -189,11 +188,7 @@ class SearchAgent:
             for candidate in neighbours(current, choices, requires, defaults):
                 if candidate == current:
                     continue  # a move that its requirements undo
-                if (
-                    ctx.experiments_left() <= 1
-                    and current_rec is not base
-                    and not self._against_base(current_rec)
-                ):
+                if not self._room(ctx, current_rec, base):
                     break
                 desc = f"refine: {_diff(defaults, candidate) or 'baseline'} vs {_diff(defaults, current) or 'baseline'}"
                 cand_rec = self._attempt(pctx, candidate, desc, None if current_rec is base else current_rec)
@@ -213,6 +208,12 @@ class SearchAgent:
             f"search finished after {len(self.tried)} experiments; best "
             f"{_diff(defaults, current) or 'baseline'} ({found} paired with the baseline)"
         )
+
+    @staticmethod
+    def _room(ctx: CampaignContext, current: ExperimentRecord, base: ExperimentRecord) -> bool:
+        """Whether an experiment paired with ``current`` may start: one that is not the baseline
+        leaves room for the final measurement against the baseline should the candidate be kept."""
+        return current is base or ctx.experiments_left() >= 2
 
     def _against_base(self, record: ExperimentRecord) -> bool:
         return record.comparison is not None and record.comparison.against == self._base_id
