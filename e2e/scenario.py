@@ -184,7 +184,9 @@ class Scenario:
         if prom is None:
             return True
         le = next(b for b in TOKEN_BUCKETS if b >= longest_prompt)
-        sel, w = f'model_deployment="{MD}"', f"[{WINDOW_S}s]"
+        # The operator's window plus a margin: a request counts when it ends, and a long one that
+        # began before the shift ends a while after it.
+        sel, w = f'model_deployment="{MD}"', f"[{WINDOW_S + 10}s]"
         total = prom.query(f"sum(increase(polymorph_prompt_tokens_count{{{sel}}}{w}))")
         short = prom.query(f'sum(increase(polymorph_prompt_tokens_bucket{{{sel},le="{float(le)}"}}{w}))')
         if not total or not short:

@@ -99,7 +99,8 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert cj["metadata"]["ownerReferences"][0]["name"] == MD and cj["spec"]["baseBuild"] == "reference"
     profile = cj["spec"]["workload"]["profile"]
     prompts = dict(zip(profile["inputTokens"]["bounds"], profile["inputTokens"]["counts"], strict=True))
-    assert all(bound <= 64 for bound, count in prompts.items() if count > 0), profile  # compiled for shape B
+    short = sum(count for bound, count in prompts.items() if bound <= 64)
+    assert short >= 0.9 * sum(prompts.values()), profile  # compiled for shape B's prompts
     assert st["experiments"]["total"] >= 2 and st["experiments"]["passed"] >= 2
     best = st["best"]
     assert BUILD.match(best["build"]) and best["speedup"] > 1.0, best
