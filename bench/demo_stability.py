@@ -42,6 +42,21 @@ def _spin() -> None:
         x = (x + 1) % 1_000_003
 
 
+def _commit() -> str:
+    """The repository's HEAD commit (with ``+dirty`` when the work tree differs), or ``unknown``."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -77,6 +92,7 @@ def run_once(limit_s: float) -> dict[str, Any]:
         "confirmedCi": best.get("confirmedCi") if best else None,
         "knobs": best.get("knobs") if best else None,
         "experiments": doc["experiments"]["total"],
+        "overhead": doc["overhead"],
         "experimentsPerHour": doc["experimentsPerHour"],
         "stopReason": doc["stopReason"],
     }
@@ -123,6 +139,7 @@ def main() -> int:
             "torch": torch.__version__,
             "polymorph": __version__,
         },
+        "commit": _commit(),
         "busyCore": args.busy,
         "limitS": args.limit,
         "summary": {
