@@ -291,7 +291,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             campaign = Campaign(settings, store, supervisor, on_record=display.on_record, log=display.log)
         except (StoreError, ValidationError) as exc:
-            what = format_validation_error(exc)[0] if isinstance(exc, ValidationError) else str(exc)
+            what = (
+                f"its {exc.title} document: {format_validation_error(exc)[0]}"
+                if isinstance(exc, ValidationError)
+                else str(exc)
+            )
             raise UsageError(
                 f"cannot resume campaign {store.uri_for(paths.prefix)}: {what}; "
                 "repair or delete its documents, or pass --fresh"
