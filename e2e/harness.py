@@ -45,7 +45,7 @@ from kubernetes.client.rest import ApiException
 from moto.server import ThreadedMotoServer
 
 from executor import Endpoint, FileSD, PodExecutor, free_port
-from polymorph.store import Store, open_store
+from polymorph.store import S3Store, Store, open_store
 from support.k8s_binaries import kubectl as kubectl_binary
 from support.prometheus import PrometheusServer
 
@@ -252,7 +252,12 @@ class Fleet:
                      aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
                      aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=BUCKET)  # fmt: skip
         self.store_uri = f"s3://{BUCKET}/store"
-        self.store = open_store(self.store_uri, env=self.aws)
+        session = boto3.session.Session(
+            aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"]
+        )
+        self.store = S3Store(
+            BUCKET, "store", endpoint_url=self.s3_url, region=AWS["AWS_REGION"], session=session
+        )
 
         targets = FileSD(self.workdir / "targets.json")
         (self.workdir / "prometheus").mkdir(exist_ok=True)

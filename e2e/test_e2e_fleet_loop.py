@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from harness import Fleet
-from polymorph.store import open_store
 from scenario import MD, Scenario
 
 pytestmark = pytest.mark.slow
@@ -149,7 +148,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert rolled["compilejob"]["status"]["phase"] == "Succeeded"
     candidate = rolled["candidate"]
     assert BUILD.match(candidate) and candidate not in (best["build"], rolled["slowed"])
-    assert open_store(fleet.store_uri, env=fleet.aws).get_manifest(candidate).parent == rolled["slowed"]
+    assert fleet.store.get_manifest(candidate).parent == rolled["slowed"]
     unapproved = rolled["unapproved"]
     assert unapproved["canary"] is None and unapproved["active"] == best["build"]
     assert (
