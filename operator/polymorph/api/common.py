@@ -78,7 +78,7 @@ def parse_duration(value: str) -> float:
     if match is None:
         shown = shown_duration(value)
         hint = ""
-        if re.fullmatch(r"0*(\.0*)?(s|m|h|d)?", text) and any(c == "0" for c in text):
+        if text.startswith("-") or (re.fullmatch(r"0*(\.0*)?(s|m|h|d)?", text) and "0" in text):
             hint = " (durations must be positive)"
         elif re.fullmatch(r"[0-9]+", text):
             hint = f" (add a unit: {text}s)"
