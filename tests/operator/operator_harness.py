@@ -8,6 +8,8 @@ and a stand-in for the controllers that do not run here.
   fed with requests of the shape and speed the test chooses, scraped by the real Prometheus.
 - ``Kubelet``: makes Deployments' status say their replicas are ready and rolled out, as the
   Deployment controller and kubelets would (the emulator runs no controllers).
+- ``trace_agents`` / ``operator_access``: the emulator's access log, only the operator's calls;
+  ``audit_against_chart`` checks them against the Helm chart's rendered RBAC.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from charts.chart_rbac import Call, Use, audit, effective_permissions
+from charts.chart_render import FULLNAME, NAMESPACE, render
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST, RequestObservation, ServerMetrics
 from support.prometheus import free_port
 
@@ -320,12 +324,21 @@ def trace_agents(emulator: Any) -> _AgentLog:
     return log
 
 
-def operator_access(log: _AgentLog) -> set[tuple[str, str, str]]:
-    """``(verb, apiGroup, resource[/subresource])`` of every request not made by the test's httpx client."""
+def operator_access(log: _AgentLog) -> set[Call]:
+    """Every request not made by the test's httpx client, as RBAC sees it (namespace None: cluster-wide)."""
     out = set()
     for access, agent in zip(log, log.agents, strict=True):
         if agent.startswith("python-httpx"):
             continue
         resource = f"{access.resource}/{access.subresource}" if access.subresource else access.resource
-        out.add((access.verb, access.api_group, resource))
+        out.add(Call(access.verb, access.api_group, resource, access.namespace or None))
     return out
+
+
+def audit_against_chart(calls: set[Call], values: dict[str, Any]) -> set[Use]:
+    """Check recorded calls against the chart rendered with ``values`` (its bindings resolved for the
+    operator's ServiceAccount): every call must be granted. Returns the grants no call used."""
+    granted = effective_permissions(render(values), FULLNAME, NAMESPACE)
+    refused, unused = audit(granted, calls)
+    assert refused == [], f"the chart ({values}) does not grant: {refused}"
+    return unused

@@ -3,6 +3,11 @@ one acts, and when it stops the standby takes over.
 
 kopf pauses a replica that sees a live peer of higher *or equal* priority, so replicas that shared
 one priority would all pause and nothing would run; each process takes its own (random) priority.
+
+Both install modes run: cluster-wide (a ClusterKopfPeering) and one watched namespace (a
+KopfPeering there). Their recorded API calls must all be granted by the chart rendered for that
+mode, and each permission the chart grants beyond the watched-namespace rows (CRD scanning, the
+peering object) must be one they used; test_operator_loop measures the watched rows.
 """
 
 from __future__ import annotations
@@ -11,11 +16,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from operator_harness import GROUP, NS, Api, OperatorProcess, operator_access, trace_agents, wait_for
+import pytest
+from operator_harness import (
+    GROUP,
+    NS,
+    Api,
+    OperatorProcess,
+    audit_against_chart,
+    operator_access,
+    trace_agents,
+    wait_for,
+)
 
+from charts.chart_rbac import rbac_table
 from support.k8s_emulator import EmulatorThread
 
-PEERINGS = "/apis/kopf.dev/v1/clusterkopfpeerings"
+MODES = {  # mode -> (the operator's --namespace, the peering objects' path, the chart values)
+    "cluster-wide": (None, "/apis/kopf.dev/v1/clusterkopfpeerings", {"replicas": 2}),
+    "namespaced": (NS, f"/apis/kopf.dev/v1/namespaces/{NS}/kopfpeerings", {"replicas": 2, "watchNamespaces": [NS]}),
+}  # fmt: skip
 RECONCILES = "polymorph_operator_reconciles_total"
 DEPLOYMENT = {
     "apiVersion": "polymorph.dev/v1alpha1",
@@ -26,21 +45,23 @@ DEPLOYMENT = {
 }  # fmt: skip
 
 
-def peering_crd() -> dict[str, Any]:
-    """kopf's cluster-wide peering CRD, as the chart installs it for replicas > 1."""
+def peering_crd(cluster_wide: bool) -> dict[str, Any]:
+    """kopf's peering CRD, as the chart installs it for replicas > 1."""
     version = {"name": "v1", "served": True, "storage": True,
                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}  # fmt: skip
-    names = {"kind": "ClusterKopfPeering", "plural": "clusterkopfpeerings", "singular": "clusterkopfpeering"}
+    kind = "ClusterKopfPeering" if cluster_wide else "KopfPeering"
+    names = {"kind": kind, "plural": f"{kind.lower()}s", "singular": kind.lower()}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "clusterkopfpeerings.kopf.dev"},
-        "spec": {"scope": "Cluster", "group": "kopf.dev", "names": names, "versions": [version]},
-    }
+        "metadata": {"name": f"{kind.lower()}s.kopf.dev"},
+        "spec": {"scope": "Cluster" if cluster_wide else "Namespaced", "group": "kopf.dev", "names": names,
+                 "versions": [version]},
+    }  # fmt: skip
 
 
-def peers(api: Api) -> dict[str, dict[str, Any]]:
-    return dict((api.get(f"{PEERINGS}/polymorph") or {}).get("status") or {})
+def peers(api: Api, path: str) -> dict[str, dict[str, Any]]:
+    return dict((api.get(f"{path}/polymorph") or {}).get("status") or {})
 
 
 def stable_replicas(api: Api) -> int | None:
@@ -48,19 +69,20 @@ def stable_replicas(api: Api) -> int | None:
     return None if d is None else int(d["spec"]["replicas"])
 
 
-def peering_scenario(
-    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
-) -> set[tuple[str, str, str]]:
-    """Two peered replicas serve a deployment, the active one stops, the standby takes over.
-    Returns the replicas' API calls as ``(verb, group, resource)``."""
+@pytest.mark.parametrize("mode", list(MODES))
+def test_two_replicas_one_acts_and_the_standby_takes_over(
+    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess], mode: str
+) -> None:
+    namespace, path, values = MODES[mode]
     running, api, _ = cluster
-    api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", peering_crd())
-    api.create(PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "polymorph"}})  # fmt: skip
+    crd = peering_crd(cluster_wide=namespace is None)
+    api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    api.create(path, {"apiVersion": "kopf.dev/v1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "polymorph"}})  # fmt: skip
     agents = running.call(trace_agents)
     replicas = {
-        pod: operator(namespace=None, standalone=False, pod_id=pod) for pod in ("replica-a", "replica-b")
+        pod: operator(namespace=namespace, standalone=False, pod_id=pod) for pod in ("replica-a", "replica-b")
     }
-    seen = wait_for("both replicas in the peering", lambda: len(peers(api)) == 2 and peers(api))
+    seen = wait_for("both replicas in the peering", lambda: len(peers(api, path)) == 2 and peers(api, path))
     priorities = {pod: int(info["priority"]) for pod, info in seen.items()}
     assert set(priorities) == set(replicas) and len(set(priorities.values())) == 2, priorities
     active = max(priorities, key=priorities.__getitem__)
@@ -73,14 +95,13 @@ def peering_scenario(
 
     # The active replica stops (a clean exit takes it out of the peering): the standby resumes.
     replicas[active].stop()
-    wait_for("the active replica gone from the peering", lambda: set(peers(api)) == {standby})
+    wait_for("the active replica gone from the peering", lambda: set(peers(api, path)) == {standby})
     api.patch(f"{GROUP}/namespaces/{NS}/modeldeployments/chat", {"spec": {"replicas": 3}})
     wait_for("the standby acting on a change", lambda: stable_replicas(api) == 3, timeout=30)
     assert (replicas[standby].metric(RECONCILES) or 0) > 0
-    return operator_access(agents)
 
-
-def test_two_replicas_one_acts_and_the_standby_takes_over(
-    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
-) -> None:
-    peering_scenario(cluster, operator)
+    # RBAC exactly as used: the chart for this mode grants every call; what it grants beyond the
+    # watched-namespace rows (measured by test_operator_loop) this scenario used.
+    unused = audit_against_chart(operator_access(agents), values)
+    watched = {use for row in rbac_table() if row.where == "watched" for use in row.uses()}
+    assert unused <= watched, sorted(unused - watched)
