@@ -123,6 +123,7 @@ def main() -> int:
         help="leave combinations with this knob value out of the sweep (repeatable; e.g. decode_capture=compile)",
     )
     parser.add_argument("--max-experiments", type=int, default=30, help="the campaign's budget (default 30)")
+    parser.add_argument("--deadline", default="2h", help="the campaign's deadline (default 2h)")
     parser.add_argument("--min-speedup", type=float, default=1.05)
     parser.add_argument("--threads", type=int, help="worker torch threads (default 1 on CPU)")
     parser.add_argument("--out", type=Path, help="where to write the JSON result")
@@ -175,7 +176,7 @@ def main() -> int:
             workload_hash=workload.digest,
             objective=Objective(),
             gates=gates,
-            budget=Budget(maxExperiments=args.max_experiments, deadline="2h", sandboxes=1),
+            budget=Budget(maxExperiments=args.max_experiments, deadline=args.deadline, sandboxes=1),
             model=args.model,
             hardware=args.device,
             agent="search",
