@@ -234,7 +234,11 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
 async def _stream(request: web.Request, completion: Completion, head: dict[str, Any]) -> web.StreamResponse:
     """SSE: one event per text delta, the finish reason, usage when asked, then ``[DONE]``."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except BaseException:  # the client went away (or the handler was cancelled) before the first byte
+        completion.abandon()
+        raise
     try:
         return await _events(response, completion, head)
     except ConnectionError:  # the client went away mid-stream; its request is cancelled

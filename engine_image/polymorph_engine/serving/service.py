@@ -20,7 +20,8 @@ Contract:
   that admitted it, fills ``finish_reason`` and ``completion_tokens``, and records the
   request in the metrics (``polymorph_engine.serving.metrics``) and the traffic trace
   (``polymorph_engine.serving.trace``); the trace keeps lengths and timing, never content.
-  Closing the iterator early, or cancelling the task awaiting it, cancels the request.
+  Closing the iterator early, or cancelling the task awaiting it, cancels the request;
+  ``abandon()`` does the same for one whose ``deltas()`` never started.
 
 It knows nothing about HTTP, JSON or response shapes (``server`` owns those), nor about how a
 build computes, where weights come from or how a build was fetched.
@@ -361,7 +362,7 @@ class CompletionService:
             targets = [(self._jobs.get(request), token) for request, token in events]
         for target, token in targets:
             if target is not None:
-                target.sink(_Token(token, now))
+                self._deliver(target, _Token(token, now))
 
     def _batch_failed(self, exc: Exception) -> None:
         """Fail every request of the batch that raised; keep the waiting ones on a fresh scheduler."""
@@ -427,6 +428,13 @@ class Completion:
 
         self._job = service.submit(params.prompt_ids, params.max_tokens, sink)
         service.metrics.request_started()
+
+    def abandon(self) -> None:
+        """Give up on a completion whose ``deltas()`` never started (its client went away first)."""
+        self.service.cancel(self._job)
+        self.service.metrics.request_finished(
+            RequestObservation(len(self.params.prompt_ids), 0, None, [], "cancelled", "client_gone")
+        )
 
     async def _next_event(self) -> _Event:
         while True:
