@@ -6,9 +6,13 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv test lint typecheck unit demo e2e demo-fleet bench crds clean
+.PHONY: venv test lint typecheck unit demo e2e demo-fleet bench crds clean prometheus
 
 venv: $(DEV_STAMP)
+
+# The operator and e2e tests scrape with the real Prometheus server (Debian's package, 2.42).
+prometheus:
+	@command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus; }
 
 # Two install levels: what running Polymorph needs (make demo), and the test tooling on top.
 # .ci/constraints.txt pins every dependency to the versions CI last passed with: installs are
@@ -35,7 +39,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv prometheus
 	$(BIN)/pytest -q tests e2e
 
 test: lint typecheck unit
@@ -45,11 +49,11 @@ demo: $(RUN_STAMP)
 	$(BIN)/polymorph compile
 
 # The whole loop (e2e/README.md): emulated control plane, real kubectl, operator, engines, Prometheus, S3 (moto).
-e2e: venv
+e2e: venv prometheus
 	$(BIN)/pytest -q e2e
 
 # The same scenario, narrated for a person to watch; ends with kubectl get md,cj.
-demo-fleet: venv
+demo-fleet: venv prometheus
 	PYTHONPATH=tests:e2e $(BIN)/python e2e/demo_fleet.py
 
 bench: $(RUN_STAMP)
