@@ -256,6 +256,9 @@ def main() -> int:
             "max_queue_new": args.max_queue,
             "model": "tiny (random weights, CPU)",
         },
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        ).stdout.strip(),
         "old_commit": args.old_commit,
         "results": results,
     }
