@@ -9,7 +9,8 @@ reference build:
   by default the last commit before the aiohttp server) with ``git show`` into a temporary
   package, so nothing of it stays in the tree.
 
-Each server then gets the same load, one server at a time: ``--clients`` concurrent clients,
+Both servers stay up; each gets the same load in ``--rounds`` rounds, interleaved (old, new, old,
+new, ...) so a busy machine weighs on both alike. A round is ``--clients`` concurrent clients,
 every other one streaming (SSE), each sending ``--requests`` completions one after another
 on its own connection. A 503 is retried after its Retry-After, up to ``--retries`` times;
 every attempt's answer is counted. Recorded per server: wall time, completed requests per
@@ -187,7 +188,36 @@ async def load(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "counts": dict(sorted(counts.items())),
         "other": sum(v for k, v in counts.items() if k not in ("200", "503")),
         "health_after": health,
-        "mean_ttft_ms": None if not ttfts else round(1000 * statistics.fmean(ttfts), 1),
+    }
+
+
+def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts summed over rounds; rates and TTFT p50 as the median round, TTFT p99 and wall as the worst."""
+    counts: Counter[str] = Counter()
+    for r in rounds:
+        counts.update(r["counts"])
+
+    def med(key: str) -> float | None:
+        values = [r[key] for r in rounds if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    def worst(key: str) -> float | None:
+        values = [r[key] for r in rounds if r[key] is not None]
+        return max(values) if values else None
+
+    return {
+        "rounds": len(rounds),
+        "requests_per_s_median": med("requests_per_s"),
+        "output_tokens_per_s_median": med("output_tokens_per_s"),
+        "ttft_p50_ms_median": med("ttft_p50_ms"),
+        "ttft_p99_ms_worst": worst("ttft_p99_ms"),
+        "latency_p99_ms_worst": worst("latency_p99_ms"),
+        "wall_s_worst": worst("wall_s"),
+        "counts": dict(sorted(counts.items())),
+        "other": sum(v for k, v in counts.items() if k not in ("200", "503")),
+        "healthy_after_every_round": all(
+            r["health_after"] == {"healthz": 200, "readyz": 200} for r in rounds
+        ),
     }
 
 
@@ -202,6 +232,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a client waits for one answer")
     p.add_argument("--old-commit", default=OLD_COMMIT)
     p.add_argument("--only", choices=["old", "new"], help="run one server only")
+    p.add_argument("--rounds", type=int, default=3, help="load rounds per server, interleaved old/new")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
 
@@ -215,28 +246,35 @@ def main() -> int:
                                  "--port", str(port), "--max-queue", str(args.max_queue)],
             "old": lambda port: [sys.executable, str(launcher), "serve", *common, "--port", str(port)],
         }  # fmt: skip
-        for name in ("old", "new"):
-            if args.only and name != args.only:
-                continue
-            port = free_port()
-            command = servers[name](port)
-            run_env = {**env, "PYTHONPATH": f"{tmp}{os.pathsep}{env.get('PYTHONPATH', '')}"}
-            log = Path(tmp) / f"{name}.log"
-            proc = start_server(command, port, run_env, log)
-            try:
-                print(f"{name}: {args.clients} clients ...", file=sys.stderr, flush=True)
-                results[name] = asyncio.run(load(f"http://127.0.0.1:{port}", args))
-                results[name]["command"] = shlex.join(command[1:])
-            finally:
+        names = [n for n in ("old", "new") if not args.only or n == args.only]
+        procs: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
+        try:
+            for name in names:
+                port = free_port()
+                command = servers[name](port)
+                run_env = {**env, "PYTHONPATH": f"{tmp}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+                log = Path(tmp) / f"{name}.log"
+                procs[name] = (start_server(command, port, run_env, log), port, log)
+                results[name] = {"command": shlex.join(command[1:]), "rounds": []}
+            for round_ in range(args.rounds):  # interleaved, so a busy machine weighs on both alike
+                for name in names:
+                    print(
+                        f"round {round_ + 1}: {name}, {args.clients} clients ...", file=sys.stderr, flush=True
+                    )
+                    one = asyncio.run(load(f"http://127.0.0.1:{procs[name][1]}", args))
+                    results[name]["rounds"].append(one)
+        finally:
+            for name, (proc, _, log) in procs.items():
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    results.setdefault(name, {})["exit_status"] = proc.wait(timeout=60)
+                    results[name]["exit_status"] = proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     results[name]["exit_status"] = "killed after 60 s"
-                tail = log.read_text(errors="replace")
-                results[name]["traceback_in_log"] = "Traceback" in tail
-            print(json.dumps({name: results[name]}, indent=2), file=sys.stderr, flush=True)
+                results[name]["traceback_in_log"] = "Traceback" in log.read_text(errors="replace")
+        for name in names:
+            results[name]["summary"] = summarise(results[name]["rounds"])
+            print(json.dumps({name: results[name]["summary"]}, indent=2), file=sys.stderr, flush=True)
     doc = {
         "benchmark": "serve_load",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
