@@ -169,6 +169,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     tail = reasons(events)[len(promoted["events"]) :]
     assert in_order(tail, ["CompileJobSucceeded", "WaitingForApproval", "CanaryStep", "AnalysisFailed",
                            "AnalysisFailed", "RolledBack"]), tail  # fmt: skip
-    failed = messages(events, "AnalysisFailed")
-    assert len(failed) == 2 and "(min 0.9): Fail" in failed[0], failed
+    failed = messages(events[len(promoted["events"]) :], "AnalysisFailed")
+    assert len(failed) == 2 and all("(min 0.9): Fail" in m for m in failed), failed
+    assert failed[-1].startswith("step 1, failure 2 of 2"), failed
     assert len(messages(events, "RolledBack")) == 1 and reasons(events).count("Promoted") == 1
