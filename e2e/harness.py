@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import shutil
@@ -242,6 +243,7 @@ class Fleet:
         wait_for("the Kubernetes emulator", lambda: ready.exists() or emulator.poll() is not None, 60, 0.1)
         assert emulator.poll() is None, (self.workdir / "emulator.log").read_text()
 
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         moto.start()
         self._stack.append(moto.stop)

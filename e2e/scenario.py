@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+from datetime import UTC, datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -268,16 +269,24 @@ class Scenario:
     def drift_back(self) -> dict[str, Any]:
         f = self.fleet
         assert self.traffic is not None
+        shifted = datetime.now(UTC).replace(microsecond=0)
         self.traffic.shift(SHAPE_A)
         self.say(f"traffic shifts back: {SHAPE_A.describe()}")
-        st = self.wait(
-            "drift against the promoted build's profile",
-            lambda: (s := f.status(MD)).get("drift", {}).get("score", 0) >= 0.25 and s, 90,
-        )  # fmt: skip
+
+        def scored() -> dict[str, Any] | None:
+            s = f.status(MD)
+            d = s.get("drift") or {}
+            at = d.get("checkedAt")
+            fresh = at is not None and datetime.fromisoformat(at.replace("Z", "+00:00")) >= shifted
+            tuned = not any("not tuned" in r for r in d.get("reasons", []))
+            return s if fresh and tuned and d.get("score", 0) >= 0.25 else None
+
+        st = self.wait("a drift score against the promoted build's profile", scored, 90)
         self.say(f"drift {st['drift']['score']:.2f}: {'; '.join(st['drift'].get('reasons', []))}")
         cycles = self._drift_cycles()
         if cycles is not None:
             self.wait("three more drift cycles", lambda: (self._drift_cycles() or 0) >= cycles + 3, 30)
+        self.say("the cooldown holds the next CompileJob")
         return {"status": st, "compilejobs": f.compilejobs()}
 
     def manual_then_rollback(self, tuned: dict[str, Any]) -> dict[str, Any]:
