@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import copy
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from harness import NS, Fleet, slowed_build, wait_for
