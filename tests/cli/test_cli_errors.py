@@ -250,3 +250,13 @@ def test_a_bug_is_one_line_and_exit_1(
     monkeypatch.delenv("POLYMORPH_DEBUG", raising=False)
     code, lines = cli(capsys, "validate", "x.yaml")
     assert code == 1 and len(lines) == 1 and "internal error (KeyError" in lines[0]
+
+
+@pytest.mark.usefixtures("no_model_load")
+@pytest.mark.parametrize("command", ["compile", "experiment"])
+def test_an_impossible_thread_count_is_refused_before_the_worker_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    extra = ["--store", str(tmp_path)] if command == "compile" else ["--build", "reference"]
+    line = one_line(capsys, command, *extra, "--threads", "99999999999999999999")
+    assert "--threads must be at most 4096" in line

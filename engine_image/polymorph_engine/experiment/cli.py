@@ -35,6 +35,9 @@ from polymorph_engine.runtime.config import SHAPES, parse_dtype
 
 __all__ = ["configure", "run"]
 
+MAX_THREADS = 4096
+"""The most torch CPU threads a worker may be asked for (more overflows torch's C++ int)."""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "exit status: 0 when every build passed, 1 when any did not, 2 for bad input"
@@ -167,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats must be >= 1; got {args.repeats}.")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1; got {args.threads}.")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise UsageError(f"--threads must be at most {MAX_THREADS}; got {args.threads}.")
     if args.warmup < 0:
         raise UsageError(f"--warmup must be >= 0; got {args.warmup}.")
     workload = (

@@ -58,6 +58,9 @@ from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 
 __all__ = ["configure", "run"]
 
+MAX_THREADS = 4096
+"""The most torch CPU threads a worker may be asked for (more overflows torch's C++ int)."""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -144,6 +147,8 @@ def _checked(args: argparse.Namespace) -> _Checked:
         raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be a positive integer; got {args.threads}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise UsageError(f"--threads must be at most {MAX_THREADS}; got {args.threads}")
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be a positive integer; got {args.max_tokens}")
     if (
