@@ -175,10 +175,6 @@ def test_engine_serve_port_taken_before_the_model_loads(capsys: pytest.CaptureFi
     assert f"cannot listen on 127.0.0.1:{port}" in line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs runtime/checkpoint.py to refuse a config.json that is not an object (listed for the lead)",
-)
 def test_checkpoint_config_json_that_is_a_list(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps([1, 2]))
     line = one_line(capsys, "engine", "serve", "--model", str(tmp_path), "--port", "0")

@@ -86,13 +86,13 @@ def test_workload_files_profile_wrapped_profile_and_trace(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("inputTokens: {bounds: [1], counts: [1]}\nconcurrency: 2\n", "outputTokens: Field required"),
+        ("inputTokens: {bounds: [1], counts: [1]}\nconcurrency: 2\n", "outputTokens: is required"),
         ("- 1\n- 2\n", "must hold a profile"),
         (
             "{inputTokens: {bounds: [2, 1], counts: [1, 1]}, outputTokens: {bounds: [1], counts: [1]}}",
             "strictly increasing",
         ),
-        ("a: [", "neither YAML nor JSON"),
+        ("a: [", "invalid YAML at line"),
     ],
 )
 def test_bad_workload_files_get_one_sentence(tmp_path: Path, content: str, message: str) -> None:

@@ -150,6 +150,8 @@ def _load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> Lo
         doc = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise UsageError(f"{config_file} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"checkpoint {path}: config.json must be a JSON object.")
     config = ModelConfig.from_hf(doc, where=str(config_file))
 
     index_file = path / "model.safetensors.index.json"

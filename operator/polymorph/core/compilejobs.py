@@ -190,6 +190,8 @@ class JobObservation:
 
 _SANDBOX_PHASES: dict[str, Literal["Running", "Done", "Failed"]] = {
     "running": "Running",
+    # SIGTERM (a pod evicted or deleted) records `interrupted`; the Job restarts the pod and it resumes.
+    "interrupted": "Running",
     "finished": "Done",
     "failed": "Failed",
 }
