@@ -552,7 +552,12 @@ class PodExecutor:
 
     def _stop_pod(self, pod: LocalPod) -> None:
         pod.stop()
-        threading.Thread(target=lambda: (pod.join(), self._forget_pod(pod)), daemon=True).start()
+
+        def reap() -> None:
+            pod.join()
+            self._forget_pod(pod)
+
+        threading.Thread(target=reap, daemon=True).start()
         if pod.metrics_target:
             self.targets.remove(pod.metrics_target)
             pod.metrics_target = None
@@ -567,7 +572,7 @@ class PodExecutor:
     # --- pods in the API -------------------------------------------------------------------
 
     def _create_pod_object(self, pod: LocalPod) -> None:
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels,
@@ -575,7 +580,8 @@ class PodExecutor:
             "spec": {**pod.spec, "nodeName": "local"},
         }  # fmt: skip
         try:
-            self.core.create_namespaced_pod(pod.namespace, body, _preload_content=False)
+            # The client sends a plain dict as the JSON it is (a V1Pod would drop unknown fields).
+            self.core.create_namespaced_pod(pod.namespace, body, _preload_content=False)  # type: ignore[arg-type]
         except ApiException as exc:
             self.errors.append(f"pod {pod.name}: {exc.status} {exc.reason}")
 

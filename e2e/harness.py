@@ -24,7 +24,6 @@ result: the same function at about half the speed, with the same knob space.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -239,7 +238,12 @@ class Fleet:
             env=env_py, stdout=log, stderr=log, cwd=REPO,
         )  # fmt: skip
         log.close()
-        self._stack.append(lambda: (emulator.terminate(), emulator.wait(timeout=15)))
+
+        def stop_emulator() -> None:
+            emulator.terminate()
+            emulator.wait(timeout=15)
+
+        self._stack.append(stop_emulator)
         wait_for("the Kubernetes emulator", lambda: ready.exists() or emulator.poll() is not None, 60, 0.1)
         assert emulator.poll() is None, (self.workdir / "emulator.log").read_text()
 
@@ -301,11 +305,10 @@ class Fleet:
 
         def ready() -> list[Endpoint]:
             if not selector:
-                try:
-                    svc = self.core.read_namespaced_service(service, NS)
-                except ApiException:
+                svc = self._raw(self.core.read_namespaced_service, service, NS)
+                selector.update(((svc or {}).get("spec") or {}).get("selector") or {})
+                if not selector:
                     return []
-                selector.update(svc.spec.selector or {})
             if self.executor is not None:
                 return self.executor.endpoints(NS, selector)
             return self._forwarded(selector)
@@ -315,23 +318,24 @@ class Fleet:
     def _forwarded(self, selector: dict[str, str]) -> list[Endpoint]:
         """Remote mode: one ``kubectl port-forward`` per ready pod of the selector."""
         text = ",".join(f"{k}={v}" for k, v in selector.items())
-        pods = self.core.list_namespaced_pod(NS, label_selector=text).items
+        pods = (self._raw(self.core.list_namespaced_pod, NS, label_selector=text) or {}).get("items", [])
         out = []
         for pod in pods:
-            ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
-            if not ready or pod.metadata.deletion_timestamp is not None:
+            meta, conditions = pod["metadata"], (pod.get("status") or {}).get("conditions") or []
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            if not ready or meta.get("deletionTimestamp"):
                 continue
-            name = pod.metadata.name
+            name = meta["name"]
             if name not in self._forwards:
                 port = free_port()
-                target = pod.spec.containers[0].ports[0].container_port
+                target = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
                 proc = subprocess.Popen(
                     [str(kubectl_binary()), "--kubeconfig", str(self.kubeconfig), "-n", NS, "port-forward",
                      f"pod/{name}", f"{port}:{target}"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
                 self._forwards[name] = (proc, f"http://127.0.0.1:{port}")
-            out.append(Endpoint(name, self._forwards[name][1], dict(pod.metadata.labels or {})))
+            out.append(Endpoint(name, self._forwards[name][1], dict(meta.get("labels") or {})))
         return out
 
     def _close_forwards(self) -> None:
@@ -340,43 +344,43 @@ class Fleet:
 
     # --- readers --------------------------------------------------------------------------------
 
-    def md(self, name: str) -> dict[str, Any] | None:
+    @staticmethod
+    def _raw(fn: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any] | None:
+        """A kubernetes-client call's JSON body as plain data; None for a 404."""
         try:
-            got: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, NS, "modeldeployments", name
-            )
-            return got
+            response = fn(*args, _preload_content=False, **kw)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+        result: dict[str, Any] = json.loads(response.data)
+        return result
+
+    def md(self, name: str) -> dict[str, Any] | None:
+        return self._raw(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, NS, "modeldeployments", name
+        )
 
     def status(self, name: str) -> dict[str, Any]:
         return (self.md(name) or {}).get("status") or {}
 
     def compilejobs(self) -> list[dict[str, Any]]:
-        got = self.custom.list_namespaced_custom_object(GROUP, VERSION, NS, "compilejobs")
-        return list(got["items"])
+        got = self._raw(self.custom.list_namespaced_custom_object, GROUP, VERSION, NS, "compilejobs")
+        return list((got or {}).get("items", []))
 
     def compilejob(self, name: str) -> dict[str, Any]:
         return next((cj for cj in self.compilejobs() if cj["metadata"]["name"] == name), {})
 
     def deployment(self, name: str) -> dict[str, Any] | None:
-        try:
-            raw = self.apps.read_namespaced_deployment(name, NS, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        result: dict[str, Any] = json.loads(raw.data)
-        return result
+        return self._raw(self.apps.read_namespaced_deployment, name, NS)
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        return list(
+            (self._raw(self.core.list_namespaced_pod, NS, label_selector=selector) or {}).get("items", [])
+        )
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """Events about object ``name``, in the order they were recorded."""
-        raw = json.loads(self.core.list_namespaced_event(NS, _preload_content=False).data)
-        items = [e for e in raw["items"] if e.get("involvedObject", {}).get("name") == name]
-        return sorted(items, key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
-
-    def secret_value(self, name: str, key: str) -> str:
-        data = self.core.read_namespaced_secret(name, NS).data or {}
-        return base64.b64decode(data[key]).decode()
+        items = (self._raw(self.core.list_namespaced_event, NS) or {}).get("items", [])
+        about = [e for e in items if e.get("involvedObject", {}).get("name") == name]
+        return sorted(about, key=lambda e: int(e["metadata"].get("resourceVersion") or 0))

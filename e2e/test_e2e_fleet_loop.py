@@ -85,10 +85,8 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert "DriftDetected" not in reasons(pinned["events"])
     stable = fleet.deployment(MD)
     assert stable is not None and stable["status"]["readyReplicas"] == 3
-    pods = fleet.core.list_namespaced_pod(
-        "inference", label_selector=f"polymorph.dev/model-deployment={MD}"
-    ).items
-    assert len([p for p in pods if p.status.phase == "Running"]) == 3
+    pods = fleet.pods(f"polymorph.dev/model-deployment={MD}")
+    assert [p["status"]["phase"] for p in pods] == ["Running"] * 3
 
     # 2. The shift, the pin removed: drift -> exactly one CompileJob -> its sandbox Job -> a best build in S3.
     compiled = story.shift_and_unpin()
