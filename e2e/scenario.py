@@ -27,6 +27,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
+
 from harness import NS, Fleet, slowed_build, wait_for
 from polymorph_engine.serving.metrics import TOKEN_BUCKETS
 from traffic import Shape, Traffic
@@ -184,21 +186,23 @@ class Scenario:
         op = self.fleet.operator
         return None if op is None else op.metric("polymorph_operator_drift_cycle_seconds_count")
 
+    def _query(self, promql: str) -> float | None:
+        """An instant query's first value from the fleet's Prometheus (local or the cluster's)."""
+        r = httpx.get(f"{self.fleet.prometheus_url}/api/v1/query", params={"query": promql}, timeout=10)
+        result = r.json()["data"]["result"] if r.status_code == 200 else []
+        return float(result[0]["value"][1]) if result else None
+
     def _window_is(self, longest_prompt: int) -> bool:
         """Prometheus's window holds requests, none with a prompt longer than ``longest_prompt``."""
-        prom = self.fleet.prometheus
-        if prom is None:
-            return True
         le = next(b for b in TOKEN_BUCKETS if b >= longest_prompt)
         # The operator's window plus a margin: a request counts when it ends, and a long one that
         # began before the shift ends a while after it.
         sel, w = f'model_deployment="{MD}"', f"[{WINDOW_S + 10}s]"
-        total = prom.query(f"sum(increase(polymorph_prompt_tokens_count{{{sel}}}{w}))")
-        short = prom.query(f'sum(increase(polymorph_prompt_tokens_bucket{{{sel},le="{float(le)}"}}{w}))')
-        if not total or not short:
+        total = self._query(f"sum(increase(polymorph_prompt_tokens_count{{{sel}}}{w}))")
+        short = self._query(f'sum(increase(polymorph_prompt_tokens_bucket{{{sel},le="{float(le)}"}}{w}))')
+        if total is None or short is None:
             return False
-        n, within = float(total[0]["value"][1]), float(short[0]["value"][1])
-        return n >= 10 and n - within < 0.5
+        return total >= 10 and total - short < 0.5
 
     def shift_and_unpin(self) -> dict[str, Any]:
         f = self.fleet
