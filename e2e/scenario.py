@@ -151,9 +151,10 @@ class Scenario:
     def tell_traffic(self) -> None:
         if self.traffic is None:
             return
+        # Counts only: the clients' own timings include queueing and start-up, the analysis reads
+        # the engines' decode timings from Prometheus.
         for track, s in sorted(self.traffic.stats().items()):
-            speed = f"{s.median_tok_s:.0f} tok/s per request" if s.median_tok_s else "-"
-            self.say(f"  traffic {track or '?'}: {s.requests} requests, {s.errors} errors, median {speed}")
+            self.say(f"  traffic {track or '?'}: {s.requests} requests, {s.errors} errors, {s.tokens} tokens")
 
     # --- steps ---------------------------------------------------------------------------------
 

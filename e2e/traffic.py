@@ -6,8 +6,8 @@ ready pod round-robin from ``endpoints()`` (what a Service with the deployment's
 to: both tracks, so the replica ratio is the traffic split, as in the product), sends
 ``POST /v1/completions`` with a prompt of a length drawn from ``shape.prompt`` and ``max_tokens``
 from ``shape.output``, then pauses ``shape.think_s``. ``shift(shape)`` changes the shape for every
-client from its next request on. ``stats()`` gives per-track request, error and token counts and
-the median per-request decode speed the clients saw, for the story the demo prints.
+client from its next request on. ``stats()`` gives per-track request, error and token counts, for
+the story the demo prints (the split by replicas is visible in them).
 
 It knows nothing about Kubernetes or the operator: it only sends requests where it is told.
 """
@@ -15,12 +15,10 @@ It knows nothing about Kubernetes or the operator: it only sends requests where 
 from __future__ import annotations
 
 import random
-import statistics
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
@@ -58,12 +56,6 @@ class TrackStats:
     requests: int = 0
     errors: int = 0
     tokens: int = 0
-    speeds: list[float] = field(default_factory=list)
-    """Per-request decode speed seen by the client: completion tokens / request seconds."""
-
-    @property
-    def median_tok_s(self) -> float | None:
-        return statistics.median(self.speeds[-200:]) if self.speeds else None
 
 
 class Traffic:
@@ -118,7 +110,6 @@ class Traffic:
                     self._stop.wait(0.2)
                     continue
                 track = endpoint.labels.get(TRACK, "")
-                started = time.monotonic()
                 try:
                     r = http.post(
                         f"{endpoint.url}/v1/completions",
@@ -131,21 +122,16 @@ class Traffic:
                     tokens = int(r.json()["usage"]["completion_tokens"]) if ok else 0
                 except (httpx.HTTPError, ValueError, KeyError):
                     ok, tokens = False, 0  # a pod going away mid-request, as during a rollout
-                took = time.monotonic() - started
                 with self._lock:
                     s = self._stats[track]
                     s.requests += 1
                     s.errors += 0 if ok else 1
                     s.tokens += tokens
-                    if ok and tokens > 1 and took > 0:
-                        s.speeds.append(tokens / took)
                 self._stop.wait(self.shape.think_s)
 
     def stats(self) -> dict[str, TrackStats]:
         with self._lock:
-            return {
-                k: TrackStats(v.requests, v.errors, v.tokens, list(v.speeds)) for k, v in self._stats.items()
-            }
+            return {k: TrackStats(v.requests, v.errors, v.tokens) for k, v in self._stats.items()}
 
     def close(self) -> None:
         self._stop.set()
