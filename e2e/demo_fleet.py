@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"$ kubectl -n {NS} get md,cj")
         print(fleet.kubectl("-n", NS, "get", "md,cj", check=False), end="")
-        view = "{.status.activeBuild.id}{'  drift '}{.status.drift.score}{'  '}{.status.rollout.phase}"
+        view = "{.status.activeBuild.id}{'  drift '}{.status.drift.score}{': '}{.status.drift.reasons}{'  '}{.status.rollout.phase}"
         print(f"$ kubectl -n {NS} get md {MD} -o jsonpath='{view}'")
         print(fleet.kubectl("-n", NS, "get", "md", MD, "-o", f"jsonpath={view}", check=False))
         print(f"$ kubectl -n {NS} get deploy,pods -l polymorph.dev/model-deployment={MD}")

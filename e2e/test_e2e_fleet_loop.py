@@ -155,6 +155,11 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     )
     status = rolled["status"]
     assert status["activeBuild"]["id"] == best["build"], "the rollback keeps the promoted build"
+    assert status["activeBuild"].get("profile") == profile, (
+        "and what it was tuned for",
+        status["activeBuild"],
+        status.get("drift"),
+    )
     assert status["rollout"]["phase"] == "RolledBack"
     assert status["history"][-1]["outcome"] == "RolledBack" and status["history"][-1]["build"] == candidate
     values = {v["name"]: v for v in status["rollout"]["analysis"]}
