@@ -139,7 +139,7 @@ class _SlowRunner:
         self.fail = fail
         self.calls = 0
 
-    def run(self, build_dir: Path, *, description: str = "") -> ExperimentRecord:
+    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
         self.calls += 1
         time.sleep(self.delay_s)
         if self.fail:
@@ -172,12 +172,12 @@ def test_experiments_run_one_at_a_time(tmp_path: Path) -> None:
     lock = threading.Lock()
     original = runner.run
 
-    def tracked(build_dir: Path, *, description: str = "") -> ExperimentRecord:
+    def tracked(build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
         with lock:
             active["now"] += 1
             active["max"] = max(active["max"], active["now"])
         try:
-            return original(build_dir, description=description)
+            return original(build_dir, description=description, against=against)
         finally:
             with lock:
                 active["now"] -= 1

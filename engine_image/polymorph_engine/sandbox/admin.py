@@ -51,12 +51,17 @@ class BuildBody(BaseModel):
     archive: str = Field(min_length=1)
     id: str | None = None
     description: str = ""
+    against: str | None = None
+    """``POST /admin/experiments`` only: the base64 archive of a build to pair the benchmark with."""
+    againstId: str | None = None
 
 
 _BODY_WORDS = {
     "archive": "archive is required: the base64 of a canonical build tar.gz",
     "id": "id must be a build id string (sha256:<64 hex>)",
     "description": "description must be a string",
+    "against": "against must be the base64 of a canonical build tar.gz",
+    "againstId": "againstId must be a build id string (sha256:<64 hex>)",
 }
 
 
@@ -122,9 +127,12 @@ class SandboxAdmin:
     def _experiment(self, body: bytes) -> tuple[int, Any]:
         doc = parse_body(BuildBody, body, _BODY_WORDS)
         build_dir, _ = self._unpack(doc)
+        against_dir = None
+        if doc.against is not None:
+            against_dir, _ = self._unpack(BuildBody(archive=doc.against, id=doc.againstId))
         try:
             with self._run_lock:
-                record = self.runner.run(build_dir, description=doc.description)
+                record = self.runner.run(build_dir, description=doc.description, against=against_dir)
                 self.experiments += 1
         except Exception as exc:
             raise RequestError(
@@ -132,6 +140,8 @@ class SandboxAdmin:
             ) from None
         finally:
             shutil.rmtree(build_dir, ignore_errors=True)
+            if against_dir is not None:
+                shutil.rmtree(against_dir, ignore_errors=True)
         return 200, record.model_dump(mode="json")
 
     def _load(self, body: bytes) -> tuple[int, Any]:
