@@ -1,9 +1,9 @@
 """What an agent may do in a campaign, and how it learns that it must stop.
 
 An agent is handed a ``CampaignContext``: the base build, the workload, the objective, the
-gates and one verb, ``run_experiment(build_dir)``. The campaign behind it owns the ledger,
-the budget, the deadline, resuming and the choice of the result; the agent only proposes
-builds. When the budget or the deadline is spent, ``run_experiment`` raises
+gates and one verb, ``run_experiment(build_dir, against=record)``. The campaign behind it
+owns the ledger, the budget, the deadline, resuming and the choice of the result; the agent
+only proposes builds. When the budget or the deadline is spent, ``run_experiment`` raises
 ``BudgetExhausted`` and the agent should let it propagate. An agent that cannot go on
 (its API failed for good) raises ``AgentError`` with one sentence for people.
 
@@ -40,9 +40,11 @@ class Comparison:
     """A candidate against a baseline on the objective, noise included.
 
     ``speedup`` > 1 means better (for latency objectives it is baseline / candidate).
-    ``noise`` is the relative uncertainty of the speedup (candidate noise + baseline noise).
-    ``significant`` says the candidate beats the baseline by the required factor even when
-    both measurements are moved to the unfavourable edge of their noise.
+    ``noise`` is the relative half-width of the speedup's 95% interval (``Estimate.half_width``;
+    inf when no interval could be formed). ``significant`` says the comparison is paired (the
+    candidate was benchmarked interleaved with this baseline's build in one engine) and the
+    interval's lower bound exceeds the factor (``stats.verdict`` is ``better``); an unpaired
+    comparison of two separate measurements is never significant.
     """
 
     value: float
@@ -78,9 +80,15 @@ class CampaignContext(Protocol):
     def baseline(self) -> ExperimentRecord: ...
 
     def run_experiment(
-        self, build_dir: Path, *, description: str = "", usage: TokenUsage | None = None
+        self,
+        build_dir: Path,
+        *,
+        description: str = "",
+        usage: TokenUsage | None = None,
+        against: ExperimentRecord | None = None,
     ) -> ExperimentRecord:
-        """Run ``build_dir`` (or return its recorded result when it already ran on this workload).
+        """Run ``build_dir`` paired with ``against``'s build (default: the base build), or return
+        the recorded result of that same pairing when it already ran on this workload.
 
         ``usage`` (tokens spent to propose this build) goes into the experiment's record.
 

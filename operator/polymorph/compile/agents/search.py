@@ -40,10 +40,9 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 from polymorph.api import ExperimentRecord
-from polymorph.api.build import TokenUsage
 from polymorph.builds import knob_variant, read_build
 from polymorph.compile.agents.base import CampaignContext
 from polymorph.store import build_id
@@ -51,19 +50,6 @@ from polymorph.store import build_id
 __all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep", "with_requirements"]
 
 Config = dict[str, Any]
-
-
-class PairingContext(CampaignContext, Protocol):
-    """A ``CampaignContext`` whose ``run_experiment`` pairs with a chosen record's build (``Campaign`` is one)."""
-
-    def run_experiment(
-        self,
-        build_dir: Path,
-        *,
-        description: str = "",
-        usage: TokenUsage | None = None,
-        against: ExperimentRecord | None = None,
-    ) -> ExperimentRecord: ...
 
 
 def config_key(config: Config) -> str:
@@ -141,7 +127,6 @@ class SearchAgent:
         self._defaults: Config = {}
 
     def run(self, ctx: CampaignContext) -> str:
-        pctx = cast(PairingContext, ctx)  # the campaign's run_experiment takes ``against``
         spec = read_build(ctx.base_dir)
         self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
         choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
@@ -156,7 +141,7 @@ class SearchAgent:
         # 2. Sweep one knob at a time, each paired with the baseline; rank by paired gain.
         singles: list[tuple[float, Config, ExperimentRecord]] = []
         for config in sweep(defaults, choices, requires):
-            record = self._attempt(pctx, config, f"sweep: {_diff(defaults, config)}", None)
+            record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}", None)
             cmp = ctx.compare(record) if record is not None else None
             if record is not None and cmp is not None and cmp.speedup > 1:
                 singles.append((cmp.speedup, config, record))
@@ -177,7 +162,7 @@ class SearchAgent:
                 cand_rec: ExperimentRecord | None = record  # already paired with the baseline
             else:
                 desc = f"combine: {_diff(defaults, candidate)} vs {_diff(defaults, current) or 'baseline'}"
-                cand_rec = self._attempt(pctx, candidate, desc, current_rec)
+                cand_rec = self._attempt(ctx, candidate, desc, current_rec)
             if cand_rec is not None and self._helps(ctx, cand_rec, current_rec):
                 current, current_rec = candidate, cand_rec
 
@@ -191,7 +176,7 @@ class SearchAgent:
                 if not self._room(ctx, current_rec, base):
                     break
                 desc = f"refine: {_diff(defaults, candidate) or 'baseline'} vs {_diff(defaults, current) or 'baseline'}"
-                cand_rec = self._attempt(pctx, candidate, desc, None if current_rec is base else current_rec)
+                cand_rec = self._attempt(ctx, candidate, desc, None if current_rec is base else current_rec)
                 if cand_rec is not None and self._helps(ctx, cand_rec, current_rec):
                     current, current_rec = candidate, cand_rec
                     improved = True
@@ -200,7 +185,7 @@ class SearchAgent:
         # 5. The final configuration, paired with the baseline (what the selection judges).
         final = current_rec
         if current_rec is not base and not self._against_base(current_rec):
-            measured = self._attempt(pctx, current, f"final: {_diff(defaults, current)} vs baseline", None)
+            measured = self._attempt(ctx, current, f"final: {_diff(defaults, current)} vs baseline", None)
             final = measured if measured is not None else current_rec
         cmp = ctx.compare(final)
         found = f"{cmp.speedup:.2f}x ±{cmp.noise * 100:.1f}%" if cmp is not None else "no gain"
@@ -224,7 +209,7 @@ class SearchAgent:
         return cmp is not None and cmp.significant
 
     def _attempt(
-        self, ctx: PairingContext, config: Config, description: str, against: ExperimentRecord | None
+        self, ctx: CampaignContext, config: Config, description: str, against: ExperimentRecord | None
     ) -> ExperimentRecord | None:
         """Run ``config`` paired with ``against`` (None: the baseline) unless that ran already or
         another sandbox owns the configuration."""
