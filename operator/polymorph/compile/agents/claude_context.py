@@ -60,7 +60,8 @@ TOOLS: list[dict[str, Any]] = [
         "name": "run_experiment",
         "description": (
             "Snapshot the working copy as a new build, load it into the hot engine, verify it against the "
-            "reference outputs and benchmark it on the workload. Returns status, verification, figures and noise."
+            "reference outputs and benchmark it on the workload, interleaved pass for pass with the baseline. "
+            "Returns status, verification, figures and the paired comparison with the baseline."
         ),
         "input_schema": {
             "type": "object",
@@ -72,7 +73,7 @@ TOOLS: list[dict[str, Any]] = [
     },
     {
         "name": "finish",
-        "description": "End the campaign. The best build that passes the gates beyond noise is the result.",
+        "description": "End the campaign. The best build whose paired interval clears the speedup gate is the result.",
         "input_schema": {
             "type": "object",
             "properties": {"summary": {"type": "string"}},
@@ -147,11 +148,23 @@ def describe_record(record: ExperimentRecord, ctx: CampaignContext) -> str:
             f"ttftP50Ms={_fmt(f.ttftP50Ms)} ttftP95Ms={_fmt(f.ttftP95Ms)} itlP50Ms={_fmt(f.itlP50Ms)} itlP95Ms={_fmt(f.itlP95Ms)}"
         )
         lines.append(
-            f"spread: noise={f.noise * 100:.1f}% (max-min over median), repeats={[round(x, 1) for x in f.repeats]}"
+            f"spread: noise=±{f.noise * 100:.1f}% (half-width of the 95% interval of the median tok/s), "
+            f"repeats={[round(x, 1) for x in f.repeats]}"
         )
+        paired = record.comparison
+        if paired is not None:
+            lines.append(
+                f"paired with {paired.against[:19]}: outputTokensPerSecond ratio {paired.ratio:.3f}x, "
+                f"{paired.confidence:.0%} interval [{paired.lo:.3f}, {paired.hi:.3f}] over {paired.pairs} pairs "
+                f"({paired.order}, {paired.clock} clock)"
+            )
         cmp = ctx.compare(record)
         if cmp is not None:
-            verdict = "beyond noise" if cmp.significant else "within noise"
+            verdict = (
+                "significant: paired, and the interval's lower bound is above 1x"
+                if cmp.significant
+                else "not significant: unpaired, or the interval reaches 1x"
+            )
             lines.append(
                 f"vs baseline: {cmp.speedup:.3f}x on {ctx.objective.metric} ±{cmp.noise * 100:.1f}% ({verdict})"
             )
@@ -195,8 +208,9 @@ golden outputs, then benchmarks a replay of the workload.
 Hardware: {ctx.hardware or "unknown"}
 Workload profile: {workload}
 Objective: {direction} {objective.metric}.{" Constraints: " + constraints + "." if constraints else ""}
-Gates: token agreement >= {gates.tokenAgreement:g}, logit error <= {gates.logitTolerance:g}, and a result must be
-at least {gates.minSpeedup:g}x the baseline even at the unfavourable edge of the measured noise.
+Gates: token agreement >= {gates.tokenAgreement:g}, logit error <= {gates.logitTolerance:g}, and a result must beat
+the baseline by more than {gates.minSpeedup:g}x in a paired comparison: both builds replay the workload interleaved
+in one engine (ABBA), and the lower bound of the 95% interval of the per-pair speedup must exceed {gates.minSpeedup:g}x.
 
 Rules:
 - Correctness is checked on every experiment; a build that fails verification never wins. NaN never passes.
