@@ -4,7 +4,14 @@ The resources are ``ModelDeployment`` and ``CompileJob`` (whole objects with api
 kind, metadata, spec and status); their specs and statuses are exported beside them.
 """
 
-from polymorph.api.build import BuildManifest, ExperimentRecord, ExperimentStatus, Figures, Verification
+from polymorph.api.build import (
+    BuildManifest,
+    ExperimentRecord,
+    ExperimentStatus,
+    Figures,
+    PairedComparison,
+    Verification,
+)
 from polymorph.api.common import (
     API_GROUP,
     API_VERSION,
@@ -116,6 +123,7 @@ __all__ = [
     "ModelSource",
     "ObjectMeta",
     "Objective",
+    "PairedComparison",
     "Quantity",
     "Resource",
     "ResourceRequirements",
