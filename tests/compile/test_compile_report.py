@@ -89,6 +89,29 @@ def test_plain_lines_when_not_a_terminal() -> None:
     assert "1.50x [1.47, 1.53] vs sha256:aaaaaaaaaaaa sweep: x=1 (from ledger)" in lines[1]
 
 
+def test_replayed_ledger_lines_count_up() -> None:
+    # On resume the campaign replays its ledger with progress already at the ledger's total;
+    # each line still shows its own number, and a record shown again keeps its number.
+    out = io.StringIO()
+    base = _record("sha256:" + "a" * 64, 100.0, "baseline")
+    swept = _record("sha256:" + "b" * 64, 150.0, "sweep: x=1", paired_with=100.0)
+    with Display(total=30, objective=Objective(), stream=out) as d:
+        for record in (base, swept, _record("sha256:" + "c" * 64, 120.0, "sweep: y=1", paired_with=100.0)):
+            d.on_record(record, True, _progress(3))
+        d.on_record(swept, True, _progress(3))
+        d.on_record(
+            _record("sha256:" + "d" * 64, 130.0, "sweep: z=1", paired_with=100.0), False, _progress(4)
+        )
+    assert [line[:8] for line in out.getvalue().splitlines()] == [
+        "[  1/30]",
+        "[  2/30]",
+        "[  3/30]",
+        "[  2/30]",
+        "[  4/30]",
+    ]
+    assert d.count == 4
+
+
 def test_rich_progress_and_leaderboard_on_a_terminal() -> None:
     out = Terminal()
     with Display(total=3, objective=Objective(), stream=out) as d:

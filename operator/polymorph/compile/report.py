@@ -215,6 +215,7 @@ class Display:
         self.stream = stream or (sys.stderr if json_mode else sys.stdout)
         self.rich = not json_mode and self.stream.isatty()
         self.count = 0
+        self._ordinals: dict[tuple[str, str | None, str], int] = {}
         self._live: Live | None = None
         self._progress: Bar | None = None
         self._task: TaskID | None = None
@@ -253,7 +254,16 @@ class Display:
             print(message, file=self.stream, flush=True)
 
     def on_record(self, record: ExperimentRecord, cached: bool, progress: Progress) -> None:
-        self.count = progress.counts.total
+        # Number each ledger entry by the order it was first shown, not by the ledger's total, so
+        # that records replayed from the ledger on resume count up too; a record shown again (an
+        # agent asking for a pairing it already ran) keeps its number.
+        key = (
+            record.build,
+            record.comparison.against if record.comparison is not None else None,
+            record.workloadHash,
+        )
+        ordinal = self._ordinals.setdefault(key, len(self._ordinals) + 1)
+        self.count = len(self._ordinals)
         value = objective_value(record.figures, self.objective) if record.figures is not None else None
         if progress.baseline is not None:
             self._baseline = progress.baseline.value
@@ -281,7 +291,7 @@ class Display:
         if ratio is not None and paired is not None:
             speed = f"{ratio:.2f}x [{paired.lo:.2f}, {paired.hi:.2f}] vs {_short(paired.against)}"
         figure = shown if value is not None else (record.error or "")[:60]
-        line = f"[{self.count:>3}/{self.total}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
+        line = f"[{ordinal:>3}/{self.total}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
         if cached:
             line += " (from ledger)"
         if self._live is not None and self._progress is not None and self._task is not None:
