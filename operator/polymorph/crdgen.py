@@ -65,7 +65,9 @@ RESOURCES: tuple[Resource, ...] = (
         plural="modeldeployments",
         short_names=("md",),
         columns=(
-            _column("Build", "string", ".status.activeBuild.name", "The build serving now."),
+            _column(
+                "Build", "string", ".status.activeBuild.shortId", "The build serving now (its short id)."
+            ),
             _column(
                 "Phase", "string", ".status.phase", "Pending, Serving, Compiling, RollingOut or Degraded."
             ),
@@ -74,9 +76,9 @@ RESOURCES: tuple[Resource, ...] = (
             ),
             _column(
                 "Tok/s",
-                "number",
-                ".status.activeBuild.figures.outputTokensPerSecond",
-                "Measured output tok/s.",
+                "integer",
+                ".status.activeBuild.tokensPerSecond",
+                "Measured output tok/s (rounded).",
             ),
             _column("Replicas", "integer", ".spec.replicas", "Desired replicas.", priority=1),
             _column(
@@ -101,7 +103,10 @@ RESOURCES: tuple[Resource, ...] = (
             ),
             _column("Experiments", "integer", ".status.experiments.total", "Experiments run so far."),
             _column(
-                "Speedup", "number", ".status.best.speedup", "Best build's improvement over the baseline."
+                "Speedup",
+                "number",
+                ".status.best.speedup",
+                "Best build's improvement over the baseline (2 decimals).",
             ),
             _column("Best", "string", ".status.best.build", "The best build so far.", priority=1),
             _AGE,

@@ -102,7 +102,7 @@ def test_table_uses_the_printer_columns(api: httpx.Client) -> None:
     figures = dict.fromkeys(
         ["totalTokensPerSecond", "ttftP50Ms", "ttftP95Ms", "itlP50Ms", "itlP95Ms", "noise"], 1.0
     )
-    build = {"name": "fast", "figures": figures | {"outputTokensPerSecond": 812.5}}
+    build = {"shortId": "fast", "tokensPerSecond": 813, "figures": figures | {"outputTokensPerSecond": 812.5}}
     status = {"phase": "Serving", "activeBuild": build}
     merge = {"Content-Type": "application/merge-patch+json"}
     assert api.patch(f"{url}/m/status", json={"status": status}, headers=merge).status_code == 200
@@ -111,5 +111,5 @@ def test_table_uses_the_printer_columns(api: httpx.Client) -> None:
     columns = [c["name"] for c in table["columnDefinitions"]]
     assert columns[:5] == ["Name", "Build", "Phase", "Drift", "Tok/s"] and columns[-1] == "Age"
     cells = table["rows"][0]["cells"]
-    assert cells[:5] == ["m", "fast", "Serving", None, 812.5] and cells[-1].endswith("s")
+    assert cells[:5] == ["m", "fast", "Serving", None, 813] and cells[-1].endswith("s")
     assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"

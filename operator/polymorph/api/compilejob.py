@@ -153,8 +153,18 @@ class BuildResult(StatusModel):
     uri: str | None = None
     value: float | None = Field(default=None, description="The objective metric's value.")
     speedup: float | None = Field(
-        default=None, description="Improvement over the baseline (1.0 for the baseline)."
+        default=None,
+        description=(
+            "Improvement over the baseline (1.0 for the baseline), rounded to 2 decimals for display; "
+            "the campaign's result document holds it exactly."
+        ),
     )
+
+    @field_validator("speedup")
+    @classmethod
+    def _rounded(cls, v: float | None) -> float | None:
+        # A printer column of type number prints the float in full, so the status holds it rounded.
+        return round(v, 2) if v is not None else None
 
 
 class CompileJobStatus(StatusModel):

@@ -9,6 +9,7 @@ check and the CRD's CEL rule, with one sentence for both. It knows nothing about
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime
 from typing import ClassVar, Literal
@@ -363,15 +364,39 @@ never written any more; a status that still holds them reads as Succeeded and Ab
 Verdict = Literal["Pass", "Fail", "Inconclusive"]
 
 
+def _short_id(build: str) -> str:
+    """A content address cut to ``sha256:`` and 12 hex digits; any other id (``reference``) as it is."""
+    return build[:19] if build.startswith("sha256:") else build
+
+
 class BuildStatus(StatusModel):
-    """A build as served: id, where it is stored, what it was tuned for, and what it measured."""
+    """A build as served: id, where it is stored, what it was tuned for, and what it measured.
+
+    ``shortId`` and ``tokensPerSecond`` are for ``kubectl get`` only: they are derived from
+    ``id`` and ``figures`` whenever a BuildStatus is built or read, so they never disagree
+    with them (a printer column of type number prints a float in full, and a promoted build
+    has no ``name``, so the columns read these instead).
+    """
 
     id: str | None = None
     name: str | None = Field(default=None, description="The build's human name (from build.toml).")
+    shortId: str | None = Field(
+        default=None, description="The id shortened for display (sha256: and 12 hex digits); derived from id."
+    )
     uri: str | None = None
     profile: WorkloadProfile | None = Field(default=None, description="The traffic profile it was tuned for.")
     figures: Figures | None = None
+    tokensPerSecond: int | None = Field(
+        default=None,
+        description="figures.outputTokensPerSecond rounded to a whole number for display; derived from figures.",
+    )
     since: datetime | None = None
+
+    def model_post_init(self, context: object, /) -> None:
+        self.shortId = _short_id(self.id) if self.id is not None else None
+        self.tokensPerSecond = (
+            math.floor(self.figures.outputTokensPerSecond + 0.5) if self.figures is not None else None
+        )
 
 
 class TrafficStatus(StatusModel):
