@@ -158,7 +158,16 @@ def cold_child(args: argparse.Namespace) -> int:
     loaded = time.perf_counter()
     reference = Golden.load(args.golden)
     workload = _load_workload(Path(args.workload))
-    settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    # The fixed protocol (exactly --warmup and --repeats passes, wall clock) for hot and cold alike,
+    # not the adaptive one, so that both sides do the same work.
+    settings = BenchSettings(
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_repeats=args.repeats,
+        max_warmup=args.warmup,
+        clock="wall",
+        seed=args.seed,
+    )
     record = run_experiment(Engine(model), args.cold_child, workload, Gates(), reference, settings=settings)
     done = time.perf_counter()
     phases = {"importS": imported - started, "weightsS": loaded - imported, "experimentS": done - loaded}
@@ -292,7 +301,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         torch.cuda.empty_cache()
 
     # Hot: one worker, weights loaded once, a swap per experiment.
-    settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    # The fixed protocol (exactly --warmup and --repeats passes, wall clock) for hot and cold alike,
+    # not the adaptive one, so that both sides do the same work.
+    settings = BenchSettings(
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_repeats=args.repeats,
+        max_warmup=args.warmup,
+        clock="wall",
+        seed=args.seed,
+    )
     threads = args.threads if args.device == "cpu" else None
     supervisor = Supervisor(
         str(checkpoint),
