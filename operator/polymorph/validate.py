@@ -315,10 +315,20 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 class _Loader(_SafeLoader):  # type: ignore[valid-type,misc]
     """A safe loader that rejects duplicate keys (the API server's strict decoding does too) and
-    bounds alias expansion and depth before constructing anything."""
+    bounds alias expansion and depth before constructing anything.
+
+    Only a text with an anchor (``&``) can hold an alias, so only such a text pays for the walk
+    that bounds expansion; without aliases a document's size is bounded by the text, and nesting
+    too deep for the constructor surfaces as ``RecursionError``, which callers turn into one line.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._may_alias = not isinstance(stream, str) or "&" in stream
 
     def construct_document(self, node: yaml.Node) -> Any:
-        _check_expansion(node)
+        if self._may_alias:
+            _check_expansion(node)
         return super().construct_document(node)
 
 

@@ -562,3 +562,12 @@ def test_load_yaml_refuses_duplicates_aliases_and_several_documents() -> None:
         with pytest.raises(UsageError) as err:
             load_yaml(text, "f.yaml")
         assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("anchor", ["", "x: &x 1\n"])
+def test_deep_nesting_is_one_line_with_or_without_anchors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], anchor: str
+) -> None:
+    path = write(tmp_path, anchor + "a: " + "[" * 5000 + "]" * 5000 + "\n")
+    code, lines = run_validate(capsys, path)
+    assert code == 1 and len(lines) == 1 and "nesting depth" in lines[0], lines
