@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 import kopf
 
 from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY
+from polymorph.core.rollout import Phase
 from polymorph.handlers import compilejobs, fleet, modeldeployments
 from polymorph.handlers.context import Context
 
@@ -202,16 +203,7 @@ def _count_phases(ctx: Context, index_ref: list[Any]) -> None:
         for body in index.get(key, ()):
             phase = _rollout_phase(body)
             counts[phase] = counts.get(phase, 0) + 1
-    for phase in (
-        "Idle",
-        "Progressing",
-        "Paused",
-        "Promoting",
-        "Succeeded",
-        "RollingBack",
-        "RolledBack",
-        "Aborted",
-    ):
+    for phase in get_args(Phase):
         ctx.metrics.rollouts.labels(phase).set(counts.get(phase, 0))
 
 
