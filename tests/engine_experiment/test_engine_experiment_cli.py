@@ -87,7 +87,10 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--build", "reference", "--device", "tpu"], "--device must be cpu or cuda"),
         (["--build", "reference", "--dtype", "int8"], "dtype must be one of"),
         (["--build", "reference", "--model", "gpt-9"], "--model must be a shape"),
-        (["--build", "reference", "--experiment-timeout", "soon"], "--experiment-timeout: 'soon' is not a duration"),
+        (
+            ["--build", "reference", "--experiment-timeout", "soon"],
+            "--experiment-timeout: 'soon' is not a duration",
+        ),
         (["--build", "reference", "--experiment-timeout", "-3"], "durations must be positive"),
         (["--build", "reference", "--repeats", "0"], "--repeats must be >= 1"),
         (["--build", "reference", "--threads", "0"], "--threads must be >= 1"),
