@@ -59,7 +59,7 @@ def test_environment_fallbacks() -> None:
         ([*BASE, "--all-namespaces"], "give --namespace NS (repeatable) or --all-namespaces, not both"),
         (
             ["--namespace", "a", "--store", "x"],
-            "--prometheus-url must be an http(s):// URL of Prometheus; got None",
+            "--prometheus-url (or POLYMORPH_PROMETHEUS_URL) is required: the http(s):// URL of Prometheus",
         ),
         (["--namespace", "a", "--prometheus-url", "http://p"], "--store is required"),
         ([*BASE, "--drift-interval", "soon"], "--drift-interval must be a duration such as 30s, 1m or 6h"),
@@ -87,7 +87,10 @@ def test_the_process_reports_bad_flags_without_a_traceback() -> None:
     done = subprocess.run([sys.executable, "-m", "polymorph.cli", "operator", "--namespace", "a"],
                           capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: --prometheus-url must be an http(s):// URL of Prometheus; got None"
+    assert (
+        done.stderr.strip()
+        == "error: --prometheus-url (or POLYMORPH_PROMETHEUS_URL) is required: the http(s):// URL of Prometheus"
+    )
 
 
 def test_peering_priority_is_random_per_process_unless_given() -> None:

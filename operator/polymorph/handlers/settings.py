@@ -180,7 +180,11 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
                 f"--namespace {ns!r} is not a namespace name (lowercase letters, digits and '-')"
             )
     prometheus = get("prometheus-url")
-    if not prometheus or not re.match(r"^https?://\S+$", prometheus):
+    if not prometheus:
+        raise UsageError(
+            "--prometheus-url (or POLYMORPH_PROMETHEUS_URL) is required: the http(s):// URL of Prometheus"
+        )
+    if not re.match(r"^https?://\S+$", prometheus):
         raise UsageError(f"--prometheus-url must be an http(s):// URL of Prometheus; got {prometheus!r}")
     store = get("store")
     if not store:
