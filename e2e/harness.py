@@ -32,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from executor import Endpoint, FileSD, PodExecutor, free_port
 from polymorph.store import S3Store, Store, open_store
 from support.k8s_binaries import kubectl as kubectl_binary
 from support.prometheus import PrometheusServer
+from support.waiting import wait_for
 
 __all__ = ["NS", "REPO", "Fleet", "OperatorProcess", "slowed_build", "wait_for"]
 
@@ -58,18 +58,6 @@ BUCKET = "polymorph-e2e"
 STORE_SECRET = "polymorph-store"
 REFERENCE = REPO / "engine_image" / "polymorph_engine" / "builds" / "reference"
 AWS = {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e-secret", "AWS_REGION": "us-east-1"}
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 class OperatorProcess:

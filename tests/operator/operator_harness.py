@@ -21,8 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from charts.chart_rbac import Call, Use, audit, effective_permissions
 from charts.chart_render import FULLNAME, NAMESPACE, render
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST, RequestObservation, ServerMetrics
 from support.prometheus import free_port
+from support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "inference"
@@ -85,18 +84,6 @@ class Api:
 
     def compilejobs(self) -> list[dict[str, Any]]:
         return self.items(f"{GROUP}/namespaces/{NS}/compilejobs")
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, every: float = 0.2) -> Any:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 class OperatorProcess:
