@@ -25,6 +25,14 @@ knob value computes the same function faster on some device (see build.toml):
   ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels, and
   ``gemv_tile`` (4096 | 8192 | 16384) the Triton GEMV's tile; ``residual`` (``projection`` |
   ``norm``) where the residual adds happen.
+- ``prefill``: ``exact`` (the prompt at its own length, op by op) | ``bucketed`` (static cache
+  only): the prompt padded at the end to a power-of-two length bucket (``prefill_bucket``) and
+  run with the same layer functions, causal, so the padding cannot change the prompt's
+  positions. On CUDA each bucket is one CUDA graph per cache, captured at the bucket's first
+  prompt (not in ``new_cache``: a cache sees few of its buckets); its static inputs are the
+  padded tokens, the slot and the last position as device tensors, so one graph serves every
+  slot and length of its bucket. An exact prefill is host-bound on an H200 (~1.25 ms of
+  Python and launches per layer), so its graph is worth the padded maths.
 
 With ``attention = "sdpa"`` on CUDA, prefill and eager decode run under ``sdpa_kernel`` without
 the cuDNN backend: cuDNN builds an execution plan per new shape (every prompt length, every
@@ -42,6 +50,7 @@ Shapes: S = prompt length, B = batch rows, V = vocab size, H = hidden size, D = 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +72,29 @@ class Captured:
     tokens: torch.Tensor  # [bucket] int64
     logits: torch.Tensor | None = None  # [bucket, V] written by graph replay
     graph: Any = None  # torch.cuda.CUDAGraph
+
+
+@dataclass
+class CapturedPrefill:
+    """One prompt-length bucket's prefill over a static cache: static inputs, and on CUDA its graph."""
+
+    tokens: torch.Tensor  # [P] int64: the prompt, then zeros
+    slot: torch.Tensor  # [1] int64
+    last: torch.Tensor  # [1] int64: position of the prompt's last token
+    logits: torch.Tensor | None = None  # [V] float32 written by graph replay
+    graph: Any = None  # torch.cuda.CUDAGraph
+
+
+MIN_PREFILL_BUCKET = 16
+
+
+def prefill_bucket(seq: int, max_seq_len: int) -> int | None:
+    """The padded length of a ``seq``-token prompt: the smallest power of two >= ``seq`` from
+    ``MIN_PREFILL_BUCKET`` up; None when it exceeds ``max_seq_len`` (the prompt runs exact)."""
+    bucket = MIN_PREFILL_BUCKET
+    while bucket < seq:
+        bucket *= 2
+    return bucket if bucket <= max_seq_len else None
 
 
 def _buckets(max_batch: int) -> list[int]:
@@ -87,6 +119,8 @@ class ReferenceHotPath:
         self.fused: FusedDecoder | None = None
         if str(knobs.get("decode_step", "layered")) == "fused" and self.kv_cache == "static":
             self.capture = "none"  # the fused step captures itself: one graph per bucket, all layers
+        self.prefill_mode = str(knobs.get("prefill", "exact")) if self.kv_cache == "static" else "exact"
+        self._prefilled: weakref.WeakSet[StaticCache] = weakref.WeakSet()  # caches holding prefills
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.layers = L.prepare_layers(
             model.weights,
@@ -176,6 +210,10 @@ class ReferenceHotPath:
     @torch.no_grad()
     def prefill(self, cache: ConcatCache | StaticCache, slot: int, tokens: torch.Tensor) -> torch.Tensor:
         seq = int(tokens.shape[0])
+        if self.prefill_mode == "bucketed" and isinstance(cache, StaticCache):
+            bucket = prefill_bucket(seq, cache.max_seq_len)
+            if bucket is not None:
+                return self._prefill_bucketed(cache, slot, tokens, bucket)
         cache.begin_prefill(slot, seq)
         tokens = tokens.to(self.device)
         x = self.embed[tokens][None]  # [1, S, H]
@@ -223,6 +261,9 @@ class ReferenceHotPath:
         cache.free(slot)
 
     def close(self) -> None:
+        for cache in list(self._prefilled):  # a cache that outlives its hot path keeps no graph
+            cache.prefills.clear()
+        self._prefilled = weakref.WeakSet()
         self.layers = []
         self._compiled = None
         if self.fused is not None:
@@ -230,6 +271,74 @@ class ReferenceHotPath:
             self.fused = None
         for name in ("embed", "final_norm", "lm_head", "inv_freq"):
             setattr(self, name, None)
+
+    # --- bucketed prefill ---
+
+    def _prefill_bucketed(
+        self, cache: StaticCache, slot: int, tokens: torch.Tensor, bucket: int
+    ) -> torch.Tensor:
+        """Prefill ``tokens`` [S] padded to ``bucket``: replays the bucket's graph on CUDA, runs the
+        padded step eagerly elsewhere. The live length is S; rows [S, bucket) hold padding."""
+        seq = int(tokens.shape[0])
+        cache.begin_prefill(slot, seq)
+        cap = cache.prefills.get(bucket)
+        if cap is None:
+            cap = self._new_prefill(cache, bucket)
+        assert isinstance(cap, CapturedPrefill)
+        cap.tokens[:seq].copy_(tokens)
+        cap.tokens[seq:].zero_()
+        cap.slot.fill_(slot)  # fills with a host scalar: a kernel argument, no copy
+        cap.last.fill_(seq - 1)
+        if cap.graph is not None:
+            cap.graph.replay()
+            assert cap.logits is not None
+            logits = cap.logits.clone()  # the next replay overwrites the graph's output
+        else:
+            with self._kernels():
+                logits = self._prefill_padded(cache, cap.tokens, cap.slot, cap.last)
+        cache.end_prefill(slot, seq)
+        return logits
+
+    def _prefill_padded(
+        self, cache: StaticCache, tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor
+    ) -> torch.Tensor:
+        """The bucketed step, fixed shapes, no host sync: tokens [P] (a prompt padded at the end),
+        slot, last [1] on the device -> float32 logits [V] of position ``last``; writes k, v of all
+        P positions into rows [0, P) of the slot."""
+        p = tokens.shape[0]
+        x = self.embed[tokens][None]  # [1, P, H]
+        cos, sin = self._rope(torch.arange(p, device=self.device)[None])
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._layer_qkv(lw, x, cos, sin)
+            cache.store_prefill_rows(i, slot, k, v)
+            x = self._layer_out(lw, x, self._attend(q, k, v, None))  # causal: the padding comes last
+        return self._logits(x[0].index_select(0, last))[0]
+
+    def _new_prefill(self, cache: StaticCache, bucket: int) -> CapturedPrefill:
+        """The static inputs of ``bucket`` for ``cache``, and on CUDA its graph: two warm-up runs
+        on a side stream, then the capture, into the pool of the cache's other prefill graphs.
+        Warm-up writes only the scratch slot's rows."""
+        cap = CapturedPrefill(
+            tokens=torch.zeros(bucket, dtype=torch.int64, device=self.device),
+            slot=torch.full((1,), cache.scratch, dtype=torch.int64, device=self.device),
+            last=torch.zeros(1, dtype=torch.int64, device=self.device),
+        )
+        if self.device.type == "cuda":
+            graphs = [c.graph for c in cache.prefills.values() if isinstance(c, CapturedPrefill)]
+            pool = graphs[0].pool() if graphs else None  # one pool for all of the cache's prefills
+            with self._kernels():
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm up kernels and allocator outside the graph
+                        self._prefill_padded(cache, cap.tokens, cap.slot, cap.last)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                cap.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(cap.graph, pool=pool):
+                    cap.logits = self._prefill_padded(cache, cap.tokens, cap.slot, cap.last)
+        cache.prefills[bucket] = cap
+        self._prefilled.add(cache)
+        return cap
 
     # --- decode variants ---
 

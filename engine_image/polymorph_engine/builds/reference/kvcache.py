@@ -8,6 +8,8 @@ one and masks the padding. Obviously correct, allocation-heavy.
 and writes new positions in place at ``lengths[slot]``. ``lengths`` lives in a device tensor so a
 captured decode step (CUDA graph, torch.compile) reads positions without a host sync. The extra
 last slot is scratch: padded rows of a captured batch point at it, so they never touch a real slot.
+A bucketed prefill (``store_prefill_rows``) also writes the rows of its padding, past the live
+length: they stay masked until decode overwrites them.
 Both caches also keep host-side lengths: the host knows every length (a prefill sets it, a decode
 adds one), so capacity checks and the attended length cost no device sync.
 
@@ -121,6 +123,7 @@ class StaticCache:
         self.lengths = torch.zeros(max_batch + 1, dtype=torch.int64, device=device)  # [slots + 1]
         self.host_lengths = [0] * max_batch
         self.captured: dict[int, object] = {}  # batch bucket -> captured decode step (see hotpath)
+        self.prefills: dict[int, object] = {}  # prompt-length bucket -> bucketed prefill (see hotpath)
 
     def begin_prefill(self, slot: int, seq: int) -> None:
         _check_slot(slot, self.max_batch)
@@ -134,6 +137,13 @@ class StaticCache:
         seq = k.shape[2]
         self.k[layer][slot, :, :seq] = k[0]
         self.v[layer][slot, :, :seq] = v[0]
+
+    def store_prefill_rows(self, layer: int, slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [1, nkv, P, D] into rows [0, P) of ``slot``, a [1] device tensor: no host value, so
+        a captured graph replays the write for whichever slot the tensor holds."""
+        seq = k.shape[2]
+        self.k[layer][:, :, :seq].index_copy_(0, slot, k)
+        self.v[layer][:, :, :seq].index_copy_(0, slot, v)
 
     def end_prefill(self, slot: int, seq: int) -> None:
         self.lengths[slot] = seq  # a device fill, no host sync
