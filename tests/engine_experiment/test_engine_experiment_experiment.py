@@ -141,10 +141,14 @@ def test_a_paired_experiment_measures_both_builds_interleaved(model: LoadedModel
             assert record.status == "passed" and record.comparison is not None and record.figures is not None
             c = record.comparison
             assert c.against == build_id(REFERENCE_BUILD) and c.order == "ABBA"
-            assert 5 <= c.pairs <= 8 and record.passes == c.pairs == len(record.figures.repeats)
+            assert 3 <= c.pairs <= 8 and record.passes == c.pairs == len(record.figures.repeats)
+            assert c.pairs >= 5 or c.hi < 1, "only a surely slower candidate stops before min pairs"
             assert len(c.baseline.repeats) == c.pairs and c.lo <= c.ratio <= c.hi
             assert record.halfWidth == pytest.approx(c.halfWidth)
-            assert 2 <= record.figures.warmupPasses <= 3 and 2 <= c.baseline.warmupPasses <= 3
+            assert 2 <= record.figures.warmupPasses <= 3
+        # The baseline warmed up to a steady state once; held warm, it gets one pass the second time.
+        assert first.comparison is not None and second.comparison is not None
+        assert 2 <= first.comparison.baseline.warmupPasses <= 3 and second.comparison.baseline.warmupPasses == 1
         # The baseline stayed loaded beside the engine's build: one load for both experiments.
         assert runner.slot.loads == 1 and runner.slot.build == build_id(REFERENCE_BUILD)
     finally:

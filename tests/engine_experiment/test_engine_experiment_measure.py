@@ -117,14 +117,32 @@ def test_paired_measurement_adds_pairs_until_the_ratio_is_precise() -> None:
     assert m.estimate.half_width <= 0.04 and len(m.candidate) > 5
 
 
-def test_a_surely_slower_candidate_stops_at_the_minimum() -> None:
+def test_a_surely_slower_candidate_stops_after_min_losing_passes() -> None:
     clock = Clock()
     cand = scripted(jittered(600, 0.05, seed=3), clock)
     base = scripted(jittered(1000, 0.05, seed=4), clock)
     m = measure_paired(
         cand, base, MeasurePolicy(min_passes=5, target_half_width=0.001, time_cap_s=1e9), clock
     )
-    assert len(m.candidate) == 5 and m.estimate.hi < 1.0
+    assert len(m.candidate) == 3 and m.estimate.hi < 1.0
+    # A candidate as fast as its baseline never stops early: only an interval wholly below 1 does.
+    same = measure_paired(
+        scripted(jittered(1000, 0.05, seed=5), clock),
+        scripted(jittered(1000, 0.05, seed=6), clock),
+        MeasurePolicy(min_passes=5, max_passes=8, target_half_width=0.001, time_cap_s=1e9),
+        clock,
+    )
+    assert len(same.candidate) == 8
+
+
+def test_a_warm_baseline_runs_one_warm_up_pass() -> None:
+    clock = Clock()
+    log: list[str] = []
+    cand = scripted(jittered(1200, 0.01, seed=7), clock, log, "A")
+    base = scripted(jittered(1000, 0.01, seed=8), clock, log, "B")
+    policy = MeasurePolicy(min_passes=5, target_half_width=0.5, time_cap_s=1e9)
+    m = measure_paired(cand, base, policy, clock, baseline_warm=True)
+    assert m.candidate_warmup == 2 and m.baseline_warmup == 1 and log[:3] == ["A", "A", "B"]
 
 
 def test_bad_policies_are_refused() -> None:

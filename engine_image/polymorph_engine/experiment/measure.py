@@ -12,8 +12,11 @@ Owns the measurement protocol of campaign experiments (``run.run_experiment`` ca
   then pairs run in ABBA order (pair 0: candidate, baseline; pair 1: baseline, candidate; ...)
   so that a linear drift over a pair cancels across two pairs, and pairs are added until the
   paired ratio's interval (``stats.paired_ratio``) is within the target, under the same caps,
-  or until it lies wholly below 1: a candidate that is surely slower needs no precise figure
-  (no decision about it can come out "better"), and ending it early keeps the budget for the rest.
+  or until it lies wholly below 1 after ``min_losing_passes`` pairs: a candidate that is surely
+  slower needs no precise figure (no decision about it can come out "better"), and ending it
+  early keeps the budget for the rest. A baseline that is already warm (``baseline_warm``: held
+  loaded, with its cache, since an earlier experiment warmed it) runs one unmeasured pass
+  instead of warming up to a steady state again.
   Pair ``i`` is (the candidate's ``i``-th pass, the baseline's ``i``-th pass).
 
 ``waits_more`` tells when a CPU-time measurement would flatter a candidate that waits (its
@@ -74,6 +77,9 @@ class MeasurePolicy:
     target_half_width: float = CPU_TARGET
     time_cap_s: float = CPU_TIME_CAP
     """Seconds of measuring after which no new pass (pair) starts, even short of the target."""
+    min_losing_passes: int = 3
+    """Pairs after which a paired measurement whose interval lies wholly below 1 stops (at most
+    ``min_passes``): stopping early can only cost a loser its precision, never make a winner."""
     min_warmup: int = 2
     max_warmup: int = 10
     warmup_tolerance: float = 0.05
@@ -127,10 +133,10 @@ def warm_up(run_pass: Pass, policy: MeasurePolicy) -> int:
 def _enough(
     n: int, estimate: Estimate, policy: MeasurePolicy, elapsed: float, *, worse_stops: bool = False
 ) -> bool:
+    if worse_stops and n >= min(policy.min_losing_passes, policy.min_passes) and estimate.hi < 1.0:
+        return True
     if n < policy.min_passes:
         return False
-    if worse_stops and estimate.hi < 1.0:
-        return True
     return (
         n >= policy.max_passes
         or elapsed >= policy.time_cap_s
@@ -161,11 +167,17 @@ def measure_paired(
     run_baseline: Pass,
     policy: MeasurePolicy,
     clock: Callable[[], float] = time.perf_counter,
+    *,
+    baseline_warm: bool = False,
 ) -> PairedMeasurement:
     """Warm up both, then ABBA pairs until candidate / baseline is precise enough (see the module docstring)."""
     started = clock()
     candidate_warmup = warm_up(run_candidate, policy)
-    baseline_warmup = warm_up(run_baseline, policy)
+    if baseline_warm:
+        run_baseline()
+        baseline_warmup = 1
+    else:
+        baseline_warmup = warm_up(run_baseline, policy)
     measuring = clock()
     cand: list[PassResult] = []
     base: list[PassResult] = []

@@ -5,10 +5,13 @@ same weights (a build derives its state from the shared ``LoadedModel``; fused c
 own). ``hotpath(build_dir)`` returns the loaded hot path when the slot already holds that
 build (by content id), and otherwise releases the old one and loads the new one: pairing a
 stream of candidates against one baseline costs one load, and every pair of passes is a swap
-of a pointer, not a reload. Memory is bounded by two builds' derived state (the candidate's
-and this one's). ``close()`` releases it; so does a load that fails.
+of a pointer, not a reload. The slot also keeps the baseline's benchmark cache
+(``bench.ReusedCache``: graph captures and compiled warm-ups happen once, not once per
+experiment) and whether an experiment has warmed it (``warm``). Memory is bounded by two
+builds' derived state (the candidate's and this one's) and their caches. ``close()`` releases
+it; so does a load that fails.
 
-It knows nothing about measurement, verification or processes.
+It knows nothing about measurement policy, verification or processes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from polymorph_engine.experiment.bench import ReusedCache
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.hotreload import build_id_of
 from polymorph_engine.runtime.loader import forget_build, load_hotpath
@@ -33,6 +37,10 @@ class BaselineSlot:
         self.model = model
         self.build: str | None = None
         self._hotpath: HotPath | None = None
+        self.cache: ReusedCache | None = None
+        """The held baseline's benchmark cache, shared by every experiment paired with it."""
+        self.warm = False
+        """Whether an experiment has measured the held baseline (its passes reached a steady state)."""
         self.loads = 0
 
     def hotpath(self, build_dir: Path) -> tuple[str, HotPath]:
@@ -43,12 +51,16 @@ class BaselineSlot:
         self.close()
         hotpath, _, _ = load_hotpath(self.model, Path(build_dir))
         self._hotpath, self.build = hotpath, ident
+        self.cache, self.warm = ReusedCache(hotpath), False
         self.loads += 1
         return ident, hotpath
 
     def close(self) -> None:
         """Release the held hot path (no-op when empty); a failing ``close`` is logged, not raised."""
         hotpath, self._hotpath, self.build = self._hotpath, None, None
+        if self.cache is not None:
+            self.cache.release()
+        self.cache, self.warm = None, False
         if hotpath is None:
             return
         try:

@@ -13,7 +13,10 @@ Owns: the experiment protocol and its ``polymorph.api.ExperimentRecord``:
   baseline loads it once), both replay the same prompts in ABBA order, and the record's
   ``comparison`` carries candidate / baseline with its CI and the baseline's figures. Each
   build's passes share one KV cache (``bench.ReusedCache``): per-bucket graph captures and
-  compiled-step warm-ups happen once per experiment, as in a server, not inside every pass.
+  compiled-step warm-ups happen once, as in a server, not inside every pass. The candidate is
+  verified through the same cache it is benchmarked on, and the baseline's cache stays with its
+  slot across experiments (a warm held baseline runs one warm-up pass, not a new steady-state
+  search).
   Verification runs first and the warm-up passes follow it directly, so an accelerator never
   idles (and drops its clocks) between the two.
 A ``failed`` record's ``error`` is one line: the exception type and message, plus the
@@ -55,7 +58,6 @@ from polymorph_engine.experiment.measure import (
 )
 from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.verify import Golden, verify
-from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.hotreload import Engine, build_id_of
 from polymorph_engine.runtime.model import LoadedModel
 
@@ -192,6 +194,7 @@ def run_experiment(
     record = ExperimentRecord(
         build="", status="failed", workloadHash=workload.digest, description=description
     )
+    candidate: ReusedCache | None = None
     own_slot = slot is None and against is not None
     if own_slot:
         slot = BaselineSlot(engine.model)
@@ -203,23 +206,27 @@ def run_experiment(
         if not description:
             record.description = loaded.spec.description
         device = engine.model.device
+        # One cache for verification and the benchmark: the build prepares it (graph captures,
+        # compiled warm-ups) once, and the benchmark's warm-up starts from a prepared build.
+        candidate = ReusedCache(loaded.hotpath, shape=(workload.concurrency, workload.max_tokens))
         t = time.perf_counter()
-        record.verification = verify(loaded.hotpath, golden, gates, device=device)
+        record.verification = verify(candidate, golden, gates, device=device)
         timings.verifyS = time.perf_counter() - t
         if not record.verification.passed:
             record.status = "rejected"
         else:
-            baseline: tuple[str, HotPath] | None = None
             if against is not None:
                 assert slot is not None
                 try:
-                    baseline = slot.hotpath(Path(against).resolve())
+                    slot.hotpath(Path(against).resolve())
                 except Exception as exc:
                     raise RuntimeError(
                         f"the baseline to pair against ({against}) could not be loaded: {describe_error(exc)}"
                     ) from exc
             t = time.perf_counter()
-            _benchmark(record, loaded.hotpath, baseline, workload, settings, engine.model)
+            _benchmark(
+                record, candidate, slot if against is not None else None, workload, settings, engine.model
+            )
             timings.benchS = time.perf_counter() - t
             record.status = "passed"
     except Exception as exc:
@@ -227,6 +234,8 @@ def run_experiment(
         record.error = describe_error(exc, build_dir)
         engine.unload()
     finally:
+        if candidate is not None:
+            candidate.release()
         if own_slot and slot is not None:
             slot.close()
     timings.totalS = time.perf_counter() - started
@@ -236,13 +245,17 @@ def run_experiment(
 
 def _benchmark(
     record: ExperimentRecord,
-    hotpath: HotPath,
-    baseline: tuple[str, HotPath] | None,
+    candidate: ReusedCache,
+    baseline: BaselineSlot | None,
     workload: Workload,
     settings: BenchSettings,
     model: LoadedModel,
 ) -> None:
-    """Measure ``hotpath`` (paired with ``baseline`` when given) and fill the record's figures."""
+    """Measure ``candidate`` (paired with the build ``baseline`` holds, when given) and fill the record's figures.
+
+    Each build's passes share one cache for the whole measurement, as a server keeps one: the
+    candidate's is the one it was verified through, the baseline's is kept by its slot.
+    """
     device = model.device
     prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
     policy = settings.policy(device)
@@ -250,17 +263,20 @@ def _benchmark(
     cpu = settings.cpu_clock(device)
     clock = time.process_time if cpu else time.perf_counter
 
-    def passes_of(path: HotPath) -> Callable[[], PassResult]:
-        reused = ReusedCache(path)  # one cache per build for the whole measurement, as a server keeps
+    def passes_of(reused: ReusedCache) -> Callable[[], PassResult]:
         return lambda: replay(reused, workload, prompts, device=device, clock=clock)
 
     if baseline is None:
-        one = measure_one(passes_of(hotpath), policy)
+        one = measure_one(passes_of(candidate), policy)
         record.figures = figures_of(one.passes, one.warmup)
         record.passes, record.halfWidth = len(one.passes), one.estimate.half_width
         return
-    against, base_path = baseline
-    paired = measure_paired(passes_of(hotpath), passes_of(base_path), policy)
+    assert baseline.build is not None and baseline.cache is not None
+    against = baseline.build
+    paired = measure_paired(
+        passes_of(candidate), passes_of(baseline.cache), policy, baseline_warm=baseline.warm
+    )
+    baseline.warm = True
     if cpu and waits_more(paired.candidate, paired.baseline):
         # The candidate spends its pass waiting rather than computing (sleeps, locks, I/O): CPU time
         # would flatter it, so this comparison is judged by wall time.

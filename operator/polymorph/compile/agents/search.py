@@ -4,13 +4,21 @@ Plan (pure functions below, the agent only walks it):
 1. the baseline (the campaign runs it on every sandbox, because figures only compare
    within one engine);
 2. sweep: every knob set to each of its non-default choices, one knob at a time, each
-   benchmarked paired with the baseline; a change's *gain* is its paired speedup;
-3. greedy combination: from the baseline, add the sweep's changes that measured a gain > 1,
-   one at a time in order of gain (a change only of knobs the current configuration already
-   sets, such as another value of the same knob, is left to refinement). Each combination is benchmarked paired with the *current
-   best* configuration in one engine, and kept only when it still helps by the paired rule
-   (the interval of combination / current lies above 1: ``campaign.compare(...).significant``);
-   so knobs accumulate, and a knob whose gain another already delivered is dropped;
+   benchmarked paired with the sweep's *anchor*: the baseline at first, then the first change
+   that beats the anchor by the paired rule (the interval of change / anchor lies above 1),
+   and so on. A change's *gain* is its speedup over the baseline through the chain of anchors
+   (change / anchor x anchor / baseline ...). Pairing with a fast anchor instead of a slow
+   baseline is what keeps experiments short: half of every paired experiment's passes are the
+   anchor's, and the reference build is often several times slower than the first capture or
+   fusion knob. The ranking only needs a common comparator, and every kept step is still a
+   direct paired verdict (the final configuration is measured against the baseline itself);
+3. greedy combination: from the last anchor (the baseline when none beat it), add the sweep's
+   changes that measured a gain > 1, one at a time in order of gain (a change only of knobs
+   the current configuration already sets, such as another value of the same knob, is left to
+   refinement). Each combination is benchmarked paired with the *current best* configuration
+   in one engine, and kept only when it still helps by the paired rule (the interval of
+   combination / current lies above 1: ``campaign.compare(...).significant``); so knobs
+   accumulate, and a knob whose gain another already delivered is dropped;
 4. local refinement: from the current configuration, try each knob's neighbouring choices
    (one step along its declared list), each paired with the current best; move to the first
    that helps by the same rule, and repeat until a full pass finds nothing;
@@ -138,18 +146,30 @@ class SearchAgent:
         base = ctx.baseline
         self.tried[(config_key(defaults), "")] = base
 
-        # 2. Sweep one knob at a time, each paired with the baseline; rank by paired gain.
+        # 2. Sweep one knob at a time, each paired with the anchor; rank by gain over the baseline.
         singles: list[tuple[float, Config, ExperimentRecord]] = []
+        anchor, anchor_rec, anchor_gain = defaults, base, 1.0
         for config in sweep(defaults, choices, requires):
-            record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}", None)
-            cmp = ctx.compare(record) if record is not None else None
-            if record is not None and cmp is not None and cmp.speedup > 1:
-                singles.append((cmp.speedup, config, record))
+            if not self._against_base(anchor_rec) and not self._room(ctx, anchor_rec, base):
+                break  # keep the last experiment for the final paired measurement
+            against = None if anchor_rec is base else anchor_rec
+            vs = f" vs {_diff(defaults, anchor)}" if against is not None else ""
+            record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}{vs}", against)
+            cmp = ctx.compare(record, anchor_rec) if record is not None else None
+            if record is None or cmp is None:
+                continue
+            gain = cmp.speedup * anchor_gain
+            if gain > 1:
+                singles.append((gain, config, record))
+            if cmp.significant and cmp.speedup > 1:
+                anchor, anchor_rec, anchor_gain = config, record, gain
         singles.sort(key=lambda s: -s[0])
 
         # 3. Greedy combination: add each gain to the current best; keep it if it still helps, paired.
-        current, current_rec = defaults, base
+        current, current_rec = anchor, anchor_rec
         for _, config, record in singles:
+            if config == anchor:
+                continue
             if not self._room(ctx, current_rec, base):
                 break  # keep the last experiment for the final paired measurement
             changed = {k: v for k, v in config.items() if v != defaults[k]}
