@@ -148,7 +148,9 @@ def test_a_paired_experiment_measures_both_builds_interleaved(model: LoadedModel
             assert 2 <= record.figures.warmupPasses <= 3
         # The baseline warmed up to a steady state once; held warm, it gets one pass the second time.
         assert first.comparison is not None and second.comparison is not None
-        assert 2 <= first.comparison.baseline.warmupPasses <= 3 and second.comparison.baseline.warmupPasses == 1
+        assert (
+            2 <= first.comparison.baseline.warmupPasses <= 3 and second.comparison.baseline.warmupPasses == 1
+        )
         # The baseline stayed loaded beside the engine's build: one load for both experiments.
         assert runner.slot.loads == 1 and runner.slot.build == build_id(REFERENCE_BUILD)
     finally:
