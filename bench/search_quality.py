@@ -3,8 +3,11 @@
 1. One ``Supervisor`` worker loads the model once. The reference build runs alone (the baseline).
 2. **Exhaustive sweep**: every combination of the ``--knobs`` (the others at their defaults,
    each combination completed with what its knobs ``require``, duplicates dropped) is
-   benchmarked paired with the reference (ABBA passes, adaptive repeats). The best passed
-   combination by paired speedup is the exhaustive best.
+   benchmarked paired with the reference (ABBA passes, adaptive repeats), or with ``--anchor``
+   (a configuration paired with the reference once; each point's speedup is then point /
+   anchor x anchor / reference: a fast anchor makes the sweep several times shorter than
+   pairing every point with a slow reference). The best passed combination by speedup is the
+   exhaustive best.
 3. **Campaign**: ``Campaign`` + ``SearchAgent`` from the reference, ``--max-experiments`` budget,
    through the same worker (so the same engine, weights and workload), with confirmation.
 4. **Head to head**: the campaign's best paired directly with the exhaustive best (one more
@@ -17,7 +20,8 @@ the per-bucket warm-up happen), and where the time went:
 
     .venv/bin/python bench/search_quality.py --out bench/results/search-quality-tiny-cpu.json
     python bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \\
-        --knobs kv_cache,fused_qkv,fused_gate_up,attention,sampling,decode_capture \\
+        --knobs decode_step,kernels,capture_buckets,gemv,gemv_tile,residual,sampling,prefill \\
+        --skip kernels=compile --anchor decode_step=fused --experiment-timeout 60 \\
         --out bench/results/search-quality-llama-8b-h200.json
 """
 
@@ -105,6 +109,23 @@ def exhaustive(knobs: list[str], work: Path, skip: list[str]) -> list[tuple[dict
     return out
 
 
+def _anchor(text: str) -> dict[str, Any]:
+    """``--anchor`` as a requirement-complete configuration of the reference's knobs."""
+    spec = read_build(REFERENCE_BUILD)
+    defaults = {name: knob.default for name, knob in spec.knobs.items()}
+    requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
+    config = dict(defaults)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, raw = item.partition("=")
+        if name not in spec.knobs:
+            raise SystemExit(f"--anchor names {name!r}, which the reference does not declare")
+        choices = {str(c).lower(): c for c in spec.knobs[name].choices}
+        if raw.lower() not in choices:
+            raise SystemExit(f"--anchor {name} must be one of {', '.join(choices)}, got {raw!r}")
+        config[name] = choices[raw.lower()]
+    return with_requirements(config, requires, defaults)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
@@ -121,6 +142,15 @@ def main() -> int:
         default=[],
         metavar="KNOB=VALUE",
         help="leave combinations with this knob value out of the sweep (repeatable; e.g. decode_capture=compile)",
+    )
+    parser.add_argument(
+        "--anchor",
+        default="",
+        metavar="KNOB=VALUE,...",
+        help="pair the sweep's points with this configuration (itself paired with the reference once)",
+    )
+    parser.add_argument(
+        "--experiment-timeout", type=float, default=900, help="seconds one experiment may take (default 900)"
     )
     parser.add_argument("--max-experiments", type=int, default=30, help="the campaign's budget (default 30)")
     parser.add_argument("--deadline", default="2h", help="the campaign's deadline (default 2h)")
@@ -140,7 +170,7 @@ def main() -> int:
         dtype=args.dtype,
         workload=workload,
         gates=gates,
-        experiment_timeout=900,
+        experiment_timeout=args.experiment_timeout,
         settings=BenchSettings(),
         fit=args.device != "cpu",
         threads=threads,
@@ -153,11 +183,21 @@ def main() -> int:
         points = exhaustive(knobs, work, args.skip)
         print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
         sweep_started = time.monotonic()
+        against, anchor_gain, anchor_point = Path(REFERENCE_BUILD), 1.0, None
+        if args.anchor:
+            anchor_config = _anchor(args.anchor)
+            against = work / "anchor"
+            knob_variant(REFERENCE_BUILD, anchor_config, against, name="anchor")
+            anchor_point = _point(supervisor.run(against, description="anchor", against=REFERENCE_BUILD))
+            if anchor_point["status"] != "passed" or anchor_point["speedup"] is None:
+                raise SystemExit(f"the anchor {args.anchor} did not pass: {anchor_point['error']}")
+            anchor_gain = anchor_point["speedup"]
         swept = []
         for config, build_dir in points:
-            record = supervisor.run(build_dir, description="exhaustive", against=REFERENCE_BUILD)
+            record = supervisor.run(build_dir, description="exhaustive", against=against)
             swept.append((_point(record, config), build_dir))
             p = swept[-1][0]
+            p["vsAnchor"], p["speedup"] = p["speedup"], p["speedup"] and p["speedup"] * anchor_gain
             print(
                 f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}",
                 file=sys.stderr,
@@ -221,6 +261,7 @@ def main() -> int:
         "exhaustive": {
             "knobs": knobs,
             "skipped": args.skip,
+            "anchor": anchor_point,
             "combinations": len(points),
             "seconds": round(sweep_s, 1),
             "best": best_point,
