@@ -1,32 +1,46 @@
 #!/usr/bin/env bash
-# The H200 measurements in one device call (device time is scarce): a search campaign from the
-# reference build on llama-8b, then the build it found side by side with HF transformers and the
-# compiled peer at batch 1 on both shapes. Results go to $OUT (default bench/results/h200-run/).
+# The H200 measurements, in two device calls (one call may run 10 minutes):
 #
-#   bash bench/h200.sh            # on the H200, from the repository root
+#   bash bench/h200.sh search     # 1. campaign + exhaustive sweep + head to head on llama-8b
+#   bash bench/h200.sh decode F   # 2. the build the campaign in F kept, beside the peers, and hot vs cold
 #
-# Needs torch with CUDA, triton and transformers; pydantic, structlog and boto3 & co. come from
-# PYTHONPATH when the image lacks them.
+# 1. bench/search_quality.py on llama-8b bf16: the reference alone, an exhaustive sweep of the
+#    decode-path knobs (paired with a fused anchor), then a 30-experiment campaign from the
+#    reference with the search agent in the same engine, and the campaign's best paired with the
+#    exhaustive best. Records experiments/hour with and without torch.compile prepare time.
+# 2. bench/decode.py: Polymorph's reference and the campaign's build, the gpt-fast-style compiled
+#    peer, HF eager and HF compiled, both shapes; then bench/hot_vs_cold.py on llama-8b.
+# Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
+# transformers; pydantic, structlog and boto3 & co. come from PYTHONPATH when the image lacks them.
 set -euo pipefail
 OUT=${OUT:-bench/results/h200-run}
 mkdir -p "$OUT"
 export PYTHONPATH=operator:engine_image${PYTHONPATH:+:$PYTHONPATH}
 DATE=$(date -u +%F)
-CAMPAIGN=${CAMPAIGN_FLAGS:---max-experiments 30 --deadline 270s --experiment-timeout 45s}
 
-# 1. The compile loop from the reference build, with the search agent.
-# shellcheck disable=SC2086
-python3 bench/compile_campaign.py --out "$OUT/compile-llama-8b-h200-$DATE.json" -- \
-    --model llama-8b --device cuda --dtype bfloat16 --fresh $CAMPAIGN
-
-# 2. The found build beside the peers (the knobs of the build the campaign kept).
-FOUND=$(python3 -c '
+case "${1:-}" in
+search)
+    python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
+        --knobs kv_cache,decode_step,kernels,capture_buckets,gemv,residual,sampling,prefill \
+        --skip kernels=compile --anchor decode_step=fused --experiment-timeout 60 \
+        --max-experiments 30 --deadline "${CAMPAIGN_DEADLINE:-240s}" \
+        --out "$OUT/search-quality-llama-8b-h200-$DATE.json" >/dev/null
+    ;;
+decode)
+    FOUND=$(python3 -c '
 import json, sys
-best = json.load(open(sys.argv[1]))["result"].get("best") or {}
+best = (json.load(open(sys.argv[1]))["campaign"].get("best") or {})
 print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (best.get("knobs") or {}).items()))
-' "$OUT/compile-llama-8b-h200-$DATE.json")
-echo "campaign kept: ${FOUND:-nothing}"
-python3 bench/decode.py --models llama-8b,llama-1b --batches 1 --compiled-batches 1 \
-    --engines polymorph-reference,polymorph,compiled-peer,hf-compiled --steps 128 \
-    --knobs "${FOUND:-kv_cache=concat}" --budget-s ${DECODE_BUDGET_S:-200} --json \
-    --out "$OUT/decode-h200-$DATE-campaign.json"
+' "$2")
+    echo "campaign kept: ${FOUND:-nothing}"
+    python3 bench/decode.py --models llama-8b,llama-1b --batches 1,8,32 --compiled-batches 1 \
+        --steps 128 --knobs "${FOUND:-kv_cache=concat}" --budget-s "${DECODE_BUDGET_S:-300}" --json \
+        --out "$OUT/decode-h200-$DATE.json" >/dev/null
+    python3 bench/hot_vs_cold.py --model llama-8b --device cuda --dtype bfloat16 --builds 6 \
+        --repeats 2 --out "$OUT/llama-8b-h200-$DATE.json" --json >/dev/null
+    ;;
+*)
+    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON" >&2
+    exit 2
+    ;;
+esac

@@ -236,7 +236,13 @@ def main() -> int:
             )
             head_to_head = _point(versus)
     records = outcome.records
-    compile_prep = sum(r.timings.loadS + r.timings.verifyS for r in records if _compiles(r.knobs))
+    # A compile candidate's prepare time is its load and verify (where compilation happens); one
+    # that timed out or crashed spent all of its time preparing.
+    compile_prep = sum(
+        (r.timings.totalS if r.status in ("timeout", "crashed") else r.timings.loadS + r.timings.verifyS)
+        for r in records
+        if _compiles(r.knobs)
+    )
     total = sum(r.timings.totalS for r in records)
     doc = {
         "benchmark": "search-quality",
