@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The H200 measurements, in two device calls (one call may run 10 minutes):
+# The H200 measurements, in two device calls (one call may run 10 minutes), or one:
 #
 #   bash bench/h200.sh search     # 1. campaign + exhaustive sweep + head to head on llama-8b
 #   bash bench/h200.sh decode F   # 2. the build the campaign in F kept, beside the peers, and hot vs cold
+#   bash bench/h200.sh all        # 1 with a shorter deadline, then batch-1 decode of its build
 #
 # 1. bench/search_quality.py on llama-8b bf16: the reference alone, an exhaustive sweep of the
 #    decode-path knobs (paired with a fused anchor), then a 30-experiment campaign from the
@@ -21,7 +22,7 @@ DATE=$(date -u +%F)
 case "${1:-}" in
 search)
     python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
-        --knobs kv_cache,decode_step,kernels,capture_buckets,gemv,residual,sampling,prefill \
+        --knobs "${SWEEP_KNOBS:-kv_cache,decode_step,kernels,capture_buckets,sampling,prefill}" \
         --skip kernels=compile --anchor decode_step=fused --experiment-timeout 60 \
         --max-experiments 30 --deadline "${CAMPAIGN_DEADLINE:-240s}" \
         --out "$OUT/search-quality-llama-8b-h200-$DATE.json" >/dev/null
@@ -39,8 +40,23 @@ print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in
     python3 bench/hot_vs_cold.py --model llama-8b --device cuda --dtype bfloat16 --builds 6 \
         --repeats 2 --out "$OUT/llama-8b-h200-$DATE.json" --json >/dev/null
     ;;
+all)
+    # Both in one call when device time is short: the search under a deadline, then batch-1
+    # decode of the build it kept beside the peers (rows past the budget are recorded as skipped).
+    CAMPAIGN_DEADLINE=${CAMPAIGN_DEADLINE:-130s} timeout 330 bash "$0" search || echo "search exited $?"
+    FOUND=$(python3 -c '
+import json, sys
+best = (json.load(open(sys.argv[1])).get("campaign") or {}).get("best") or {}
+print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (best.get("knobs") or {}).items()))
+' "$OUT/search-quality-llama-8b-h200-$DATE.json" || true)
+    echo "campaign kept: ${FOUND:-nothing}"
+    python3 bench/decode.py --models llama-8b,llama-1b --batches 1 --compiled-batches 1 \
+        --engines polymorph-reference,polymorph,compiled-peer,hf-compiled --steps 128 \
+        --knobs "${FOUND:-kv_cache=concat}" --budget-s "${DECODE_BUDGET_S:-140}" --json \
+        --out "$OUT/decode-h200-$DATE-campaign.json" >/dev/null
+    ;;
 *)
-    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON" >&2
+    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON | all" >&2
     exit 2
     ;;
 esac

@@ -204,7 +204,13 @@ def main() -> int:
             )
         sweep_s = time.monotonic() - sweep_started
         passed = [(p, d) for p, d in swept if p["status"] == "passed" and p["speedup"] is not None]
+        if not passed:
+            raise SystemExit("no point of the exhaustive sweep passed; nothing to compare the campaign with")
         best_point, best_dir = max(passed, key=lambda pd: pd[0]["speedup"])
+        if args.out is not None:  # the sweep alone, in case the campaign does not finish
+            partial = {"benchmark": "search-quality", "partial": True, "command": " ".join(sys.argv)}
+            partial["exhaustive"] = {"best": best_point, "points": [p for p, _ in swept], "seconds": sweep_s}
+            args.out.write_text(json.dumps(partial, indent=2) + "\n")
 
         store = open_store(str(work / "store"))
         profile: WorkloadProfile = DEFAULT_WORKLOAD

@@ -6,8 +6,11 @@ own). ``hotpath(build_dir)`` returns the loaded hot path when the slot already h
 build (by content id), and otherwise releases the old one and loads the new one: pairing a
 stream of candidates against one baseline costs one load, and every pair of passes is a swap
 of a pointer, not a reload. The slot also keeps the baseline's benchmark cache
-(``bench.ReusedCache``: graph captures and compiled warm-ups happen once, not once per
-experiment) and whether an experiment has warmed it (``warm``). Memory is bounded by two
+(``bench.ReusedCache``) and whether an experiment has warmed it (``warm``). The cache must be
+dropped (``drop_cache``) whenever the engine swaps its build: ``Engine.unload`` clears cuBLAS's
+workspaces, and a CUDA graph captured before that (in the baseline's cache) would replay into
+freed memory. The baseline hot path itself stays; its next pass prepares a new cache, in the
+unmeasured warm-up pass. Memory is bounded by two
 builds' derived state (the candidate's and this one's) and their caches. ``close()`` releases
 it; so does a load that fails.
 
@@ -54,6 +57,12 @@ class BaselineSlot:
         self.cache, self.warm = ReusedCache(hotpath), False
         self.loads += 1
         return ident, hotpath
+
+    def drop_cache(self) -> None:
+        """Replace the held baseline's cache by an empty one (call after every engine swap; see the module docstring)."""
+        if self.cache is not None and self._hotpath is not None:
+            self.cache.release()
+            self.cache = ReusedCache(self._hotpath)
 
     def close(self) -> None:
         """Release the held hot path (no-op when empty); a failing ``close`` is logged, not raised."""

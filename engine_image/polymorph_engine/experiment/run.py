@@ -14,9 +14,9 @@ Owns: the experiment protocol and its ``polymorph.api.ExperimentRecord``:
   ``comparison`` carries candidate / baseline with its CI and the baseline's figures. Each
   build's passes share one KV cache (``bench.ReusedCache``): per-bucket graph captures and
   compiled-step warm-ups happen once, as in a server, not inside every pass. The candidate is
-  verified through the same cache it is benchmarked on, and the baseline's cache stays with its
-  slot across experiments (a warm held baseline runs one warm-up pass, not a new steady-state
-  search).
+  verified through the same cache it is benchmarked on. A baseline held warm by its slot since
+  an earlier experiment runs one warm-up pass (which prepares its cache again: a swap
+  invalidates graphs captured before it), not a new steady-state search.
   Verification runs first and the warm-up passes follow it directly, so an accelerator never
   idles (and drops its clocks) between the two.
 A ``failed`` record's ``error`` is one line: the exception type and message, plus the
@@ -201,6 +201,8 @@ def run_experiment(
     try:
         record.build = build_id_of(build_dir)
         loaded = engine.load_build(build_dir, knobs)
+        if slot is not None:
+            slot.drop_cache()  # the swap cleared cuBLAS workspaces that its graphs would replay into
         timings.loadS = loaded.load_s
         record.name, record.parent, record.knobs = loaded.name, loaded.parent, loaded.knobs
         if not description:
