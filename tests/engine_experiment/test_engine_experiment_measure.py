@@ -119,12 +119,18 @@ def test_paired_measurement_adds_pairs_until_the_ratio_is_precise() -> None:
 
 def test_a_surely_slower_candidate_stops_after_min_losing_passes() -> None:
     clock = Clock()
-    cand = scripted(jittered(600, 0.05, seed=3), clock)
-    base = scripted(jittered(1000, 0.05, seed=4), clock)
-    m = measure_paired(
-        cand, base, MeasurePolicy(min_passes=5, target_half_width=0.001, time_cap_s=1e9), clock
+    cand = scripted(jittered(600, 0.01, seed=3), clock)
+    base = scripted(jittered(1000, 0.01, seed=4), clock)
+    m = measure_paired(cand, base, MeasurePolicy(min_passes=5, target_half_width=0.04, time_cap_s=1e9), clock)
+    assert len(m.candidate) == 3 and m.estimate.hi < 1.0 and m.estimate.half_width <= 0.06
+    # Surely slower but with a loose interval: measured on, to the minimum at least.
+    loose = measure_paired(
+        scripted(jittered(600, 0.05, seed=3), clock),
+        scripted(jittered(1000, 0.05, seed=4), clock),
+        MeasurePolicy(min_passes=5, target_half_width=0.001, time_cap_s=1e9),
+        clock,
     )
-    assert len(m.candidate) == 3 and m.estimate.hi < 1.0
+    assert len(loose.candidate) == 5 and loose.estimate.hi < 1.0
     # A candidate as fast as its baseline never stops early: only an interval wholly below 1 does.
     same = measure_paired(
         scripted(jittered(1000, 0.05, seed=5), clock),

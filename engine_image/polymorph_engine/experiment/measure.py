@@ -12,9 +12,9 @@ Owns the measurement protocol of campaign experiments (``run.run_experiment`` ca
   then pairs run in ABBA order (pair 0: candidate, baseline; pair 1: baseline, candidate; ...)
   so that a linear drift over a pair cancels across two pairs, and pairs are added until the
   paired ratio's interval (``stats.paired_ratio``) is within the target, under the same caps,
-  or until it lies wholly below 1 after ``min_losing_passes`` pairs: a candidate that is surely
-  slower needs no precise figure (no decision about it can come out "better"), and ending it
-  early keeps the budget for the rest. A baseline that is already warm (``baseline_warm``: held
+  or until it lies wholly below 1 (after ``min_passes`` pairs, or already after
+  ``min_losing_passes`` when its half-width is within ``LOSING_SLACK`` times the target): a candidate that is surely slower needs no precise figure
+  (no decision about it can come out "better"), and ending it early keeps the budget for the rest. A baseline that is already warm (``baseline_warm``: held
   loaded, with its cache, since an earlier experiment warmed it) runs one unmeasured pass
   instead of warming up to a steady state again.
   Pair ``i`` is (the candidate's ``i``-th pass, the baseline's ``i``-th pass).
@@ -62,6 +62,9 @@ CPU_TIME_CAP = 2.0
 """Default seconds of measuring per experiment on a CPU (a demo campaign runs 30 in minutes)."""
 GPU_TIME_CAP = 5.0
 """Default seconds of measuring per experiment on an accelerator."""
+
+LOSING_SLACK = 1.5
+"""A surely slower candidate may stop early with an interval up to this many times the target half-width."""
 
 Pass = Callable[[], PassResult]
 
@@ -133,8 +136,11 @@ def warm_up(run_pass: Pass, policy: MeasurePolicy) -> int:
 def _enough(
     n: int, estimate: Estimate, policy: MeasurePolicy, elapsed: float, *, worse_stops: bool = False
 ) -> bool:
-    if worse_stops and n >= min(policy.min_losing_passes, policy.min_passes) and estimate.hi < 1.0:
-        return True
+    if worse_stops and estimate.hi < 1.0:
+        if n >= policy.min_passes:
+            return True
+        if n >= policy.min_losing_passes and estimate.half_width <= LOSING_SLACK * policy.target_half_width:
+            return True
     if n < policy.min_passes:
         return False
     return (
