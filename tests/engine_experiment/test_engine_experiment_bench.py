@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -165,3 +166,41 @@ def test_reused_cache_prepares_once_and_replays_identically(reference: HotPath) 
     reused.release()
     replay(reused, workload, prompts)
     assert len(made) == 2
+
+
+def test_the_collector_is_off_during_a_pass_and_restored_after(reference: HotPath) -> None:
+    seen: list[bool] = []
+
+    class Watching(ReusedCache):
+        def decode(self, cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            seen.append(gc.isenabled())
+            return super().decode(cache, slots, tokens)
+
+    workload = Workload((RequestShape(4, 3),), concurrency=1)
+    assert gc.isenabled()
+    replay(Watching(reference), workload, make_prompts(workload, 512))
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:  # a caller that runs with the collector off keeps it off
+        replay(Watching(reference), workload, make_prompts(workload, 512))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_shaped_reused_cache_serves_every_request_that_fits(reference: HotPath) -> None:
+    made: list[tuple[int, int]] = []
+
+    class Recording:
+        def __init__(self, inner: HotPath) -> None:
+            self.inner = inner
+
+        def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
+            made.append((max_batch, max_seq_len))
+            return self.inner.new_cache(max_batch, max_seq_len)
+
+    reused = ReusedCache(Recording(reference), shape=(4, 64))  # type: ignore[arg-type]
+    first = reused.new_cache(4, 36)  # verification's request: served by the benchmark's shape
+    assert reused.new_cache(4, 64) is first and reused.new_cache(1, 8) is first
+    bigger = reused.new_cache(8, 64)  # does not fit: a cache of its own
+    assert bigger is not first and made == [(4, 64), (8, 64)]

@@ -16,6 +16,10 @@ Protocol, identical for every build so figures compare:
 - A token's time is the end of the scheduler step that produced it (each step ends with a
   device sync: the sampled tokens are read back). TTFT = first token time - arrival;
   ITL = gaps between a request's consecutive tokens.
+- The garbage collector is off during a pass (as ``timeit`` does): a collection with torch
+  loaded costs tens of milliseconds, which on a GPU pass of 0.1-0.3 s is noise of 10% or more
+  landing on whichever build happened to allocate past the threshold. Garbage from a pass is
+  collected after it, outside the timing.
 - outputTokensPerSecond = generated tokens / pass duration; totalTokensPerSecond counts
   prompt tokens too. Both are the median over repeats; ``repeats`` lists the per-pass
   output tok/s, ``ciLow``/``ciHigh`` bound their median (``polymorph.stats.median_ci``, 95%)
@@ -28,6 +32,7 @@ It knows nothing about builds, verification or processes.
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
@@ -102,6 +107,8 @@ def replay(
     last: dict[Request, float] = {}
     result = PassResult(0.0, sum(len(p) for p in prompts), 0)
     skipped = 0.0
+    collecting = gc.isenabled()
+    gc.disable()
     wall_start = time.perf_counter()
     start = clock()
     try:
@@ -128,6 +135,8 @@ def replay(
         result.wall_s = time.perf_counter() - wall_start
     finally:
         scheduler.close()
+        if collecting:
+            gc.enable()
     return result
 
 
