@@ -109,6 +109,38 @@ def exhaustive(knobs: list[str], work: Path, skip: list[str]) -> list[tuple[dict
     return out
 
 
+def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, Any]:
+    """The campaign's experiments, rates and where the time went (complete or so far)."""
+    # A compile candidate's prepare time is its load and verify (where compilation happens); one
+    # that timed out or crashed spent all of its time preparing.
+    compile_prep = sum(
+        (r.timings.totalS if r.status in ("timeout", "crashed") else r.timings.loadS + r.timings.verifyS)
+        for r in records
+        if _compiles(r.knobs)
+    )
+    total = sum(r.timings.totalS for r in records)
+    return {
+        "experiments": len(records),
+        "seconds": round(seconds, 1),
+        "experimentsPerHour": round(len(records) * 3600 / seconds, 1) if seconds > 0 else 0.0,
+        "experimentsPerHourWithoutCompilePrepare": round(len(records) * 3600 / (total - compile_prep), 1)
+        if total > compile_prep
+        else None,
+        "timeSplitS": {
+            "load": round(sum(r.timings.loadS for r in records), 2),
+            "verify": round(sum(r.timings.verifyS for r in records), 2),
+            "bench": round(sum(r.timings.benchS for r in records), 2),
+            "compilePrepare": round(compile_prep, 2),
+            "total": round(total, 2),
+        },
+        "maxPassedHalfWidth": max(
+            (r.halfWidth for r in records if r.status == "passed" and r.halfWidth is not None),
+            default=None,
+        ),
+        "records": [_point(r) for r in records],
+    }
+
+
 def _anchor(text: str) -> dict[str, Any]:
     """``--anchor`` as a requirement-complete configuration of the reference's knobs."""
     spec = read_build(REFERENCE_BUILD)
@@ -176,6 +208,30 @@ def main() -> int:
         threads=threads,
     )
     started = time.monotonic()
+    meta: dict[str, Any] = {
+        "benchmark": "search-quality",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": {
+            "type": torch.device(args.device).type,
+            "name": torch.cuda.get_device_name(0)
+            if torch.cuda.is_available() and args.device.startswith("cuda")
+            else (platform.processor() or platform.machine()),
+            "cpus": os.cpu_count(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "polymorph": __version__,
+        },
+        "model": args.model,
+        "dtype": args.dtype,
+    }
+
+    def write(doc: dict[str, Any]) -> None:
+        if args.out is not None:
+            args.out.write_text(json.dumps(doc, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="polymorph-search-quality-") as tmp, supervisor:
         work = Path(tmp)
         start_s = supervisor.stats.load_seconds[0]
@@ -207,10 +263,17 @@ def main() -> int:
         if not passed:
             raise SystemExit("no point of the exhaustive sweep passed; nothing to compare the campaign with")
         best_point, best_dir = max(passed, key=lambda pd: pd[0]["speedup"])
-        if args.out is not None:  # the sweep alone, in case the campaign does not finish
-            partial = {"benchmark": "search-quality", "partial": True, "command": " ".join(sys.argv)}
-            partial["exhaustive"] = {"best": best_point, "points": [p for p, _ in swept], "seconds": sweep_s}
-            args.out.write_text(json.dumps(partial, indent=2) + "\n")
+        meta |= {"workerStartS": round(start_s, 2), "baseline": _point(baseline)}
+        sweep_doc = {
+            "knobs": knobs,
+            "skipped": args.skip,
+            "anchor": anchor_point,
+            "combinations": len(points),
+            "seconds": round(sweep_s, 1),
+            "best": best_point,
+            "points": [p for p, _ in swept],
+        }
+        write(meta | {"partial": True, "exhaustive": sweep_doc})  # in case the campaign does not finish
 
         store = open_store(str(work / "store"))
         profile: WorkloadProfile = DEFAULT_WORKLOAD
@@ -228,9 +291,16 @@ def main() -> int:
             agent="search",
         )
         campaign_started = time.monotonic()
-        outcome = Campaign(settings, store, supervisor, log=lambda m: print(m, file=sys.stderr)).run(
-            SearchAgent()
-        )
+
+        def log(message: str) -> None:
+            print(message, file=sys.stderr)
+            so_far = [ExperimentRecord.model_validate(r) for r in store.read_jsonl(settings.paths.ledger(0))]
+            elapsed = time.monotonic() - campaign_started
+            write(
+                meta | {"partial": True, "exhaustive": sweep_doc, "campaign": _campaign_doc(so_far, elapsed)}
+            )
+
+        outcome = Campaign(settings, store, supervisor, log=log).run(SearchAgent())
         campaign_s = time.monotonic() - campaign_started
         result = outcome.result
         found = result.best or result.bestCandidate
@@ -241,77 +311,20 @@ def main() -> int:
                 found_dir, description="campaign best vs exhaustive best", against=best_dir
             )
             head_to_head = _point(versus)
-    records = outcome.records
-    # A compile candidate's prepare time is its load and verify (where compilation happens); one
-    # that timed out or crashed spent all of its time preparing.
-    compile_prep = sum(
-        (r.timings.totalS if r.status in ("timeout", "crashed") else r.timings.loadS + r.timings.verifyS)
-        for r in records
-        if _compiles(r.knobs)
-    )
-    total = sum(r.timings.totalS for r in records)
-    doc = {
-        "benchmark": "search-quality",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": {
-            "type": torch.device(args.device).type,
-            "name": torch.cuda.get_device_name(0)
-            if torch.cuda.is_available() and args.device.startswith("cuda")
-            else (platform.processor() or platform.machine()),
-            "cpus": os.cpu_count(),
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "polymorph": __version__,
-        },
-        "model": args.model,
-        "dtype": args.dtype,
-        "workerStartS": round(start_s, 2),
-        "baseline": _point(baseline),
-        "exhaustive": {
-            "knobs": knobs,
-            "skipped": args.skip,
-            "anchor": anchor_point,
-            "combinations": len(points),
-            "seconds": round(sweep_s, 1),
-            "best": best_point,
-            "points": [p for p, _ in swept],
-        },
-        "campaign": {
+    doc = meta | {
+        "exhaustive": sweep_doc,
+        "campaign": _campaign_doc(outcome.records, campaign_s)
+        | {
             "state": result.state,
             "message": result.message,
             "best": found.model_dump(mode="json", exclude={"figures"}) if found is not None else None,
             "confirmation": result.confirmation.model_dump(mode="json") if result.confirmation else None,
-            "experiments": len(records),
-            "seconds": round(campaign_s, 1),
-            "experimentsPerHour": round(len(records) * 3600 / campaign_s, 1) if campaign_s > 0 else 0.0,
-            "experimentsPerHourWithoutCompilePrepare": round(
-                len(records) * 3600 / max(1e-9, total - compile_prep), 1
-            )
-            if total > compile_prep
-            else None,
-            "timeSplitS": {
-                "load": round(sum(r.timings.loadS for r in records), 2),
-                "verify": round(sum(r.timings.verifyS for r in records), 2),
-                "bench": round(sum(r.timings.benchS for r in records), 2),
-                "compilePrepare": round(compile_prep, 2),
-                "total": round(total, 2),
-            },
-            "maxPassedHalfWidth": max(
-                (r.halfWidth for r in records if r.status == "passed" and r.halfWidth is not None),
-                default=None,
-            ),
-            "records": [_point(r) for r in records],
         },
         "headToHead": head_to_head,
         "wallS": round(time.monotonic() - started, 1),
     }
-    text = json.dumps(doc, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
+    write(doc)
+    print(json.dumps(doc, indent=2))
     return 0
 
 
