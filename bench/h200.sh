@@ -3,7 +3,7 @@
 #
 #   bash bench/h200.sh search     # 1. campaign + exhaustive sweep + head to head on llama-8b
 #   bash bench/h200.sh decode F   # 2. the build the campaign in F kept, beside the peers, and hot vs cold
-#   bash bench/h200.sh all        # 1 with a shorter deadline, then batch-1 decode of its build
+#   bash bench/h200.sh all        # 1 without the sweep (an earlier one's best), then batch-1 decode
 #
 # 1. bench/search_quality.py on llama-8b bf16: the reference alone, an exhaustive sweep of the
 #    decode-path knobs (paired with a fused anchor), then a 30-experiment campaign from the
@@ -41,9 +41,14 @@ print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in
         --repeats 2 --out "$OUT/llama-8b-h200-$DATE.json" --json >/dev/null
     ;;
 all)
-    # Both in one call when device time is short: the search under a deadline, then batch-1
-    # decode of the build it kept beside the peers (rows past the budget are recorded as skipped).
-    CAMPAIGN_DEADLINE=${CAMPAIGN_DEADLINE:-130s} timeout 330 bash "$0" search || echo "search exited $?"
+    # Both in one call when device time is short: the campaign under a deadline, judged head to
+    # head against the exhaustive best of the sweep recorded earlier (SWEEP_FROM; the sweep
+    # itself takes ~2 minutes), then batch-1 decode of the build it kept beside the peers (rows
+    # past the budget are recorded as skipped).
+    timeout 330 python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
+        --sweep-from "${SWEEP_FROM:-bench/results/search-quality-llama-8b-h200-2026-12-01-sweep.json}" \
+        --experiment-timeout 60 --max-experiments 30 --deadline "${CAMPAIGN_DEADLINE:-200s}" \
+        --out "$OUT/search-quality-llama-8b-h200-$DATE.json" >/dev/null || echo "search exited $?"
     FOUND=$(python3 -c '
 import json, sys
 best = (json.load(open(sys.argv[1])).get("campaign") or {}).get("best") or {}

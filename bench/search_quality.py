@@ -184,6 +184,12 @@ def main() -> int:
     parser.add_argument(
         "--experiment-timeout", type=float, default=900, help="seconds one experiment may take (default 900)"
     )
+    parser.add_argument(
+        "--sweep-from",
+        type=Path,
+        metavar="RESULT.json",
+        help="skip the sweep: take the exhaustive best of an earlier result (same device and model)",
+    )
     parser.add_argument("--max-experiments", type=int, default=30, help="the campaign's budget (default 30)")
     parser.add_argument("--deadline", default="2h", help="the campaign's deadline (default 2h)")
     parser.add_argument("--min-speedup", type=float, default=1.05)
@@ -236,43 +242,57 @@ def main() -> int:
         work = Path(tmp)
         start_s = supervisor.stats.load_seconds[0]
         baseline = supervisor.run(REFERENCE_BUILD, description="baseline")
-        points = exhaustive(knobs, work, args.skip)
-        print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
-        sweep_started = time.monotonic()
-        against, anchor_gain, anchor_point = Path(REFERENCE_BUILD), 1.0, None
-        if args.anchor:
-            anchor_config = _anchor(args.anchor)
-            against = work / "anchor"
-            knob_variant(REFERENCE_BUILD, anchor_config, against, name="anchor")
-            anchor_point = _point(supervisor.run(against, description="anchor", against=REFERENCE_BUILD))
-            if anchor_point["status"] != "passed" or anchor_point["speedup"] is None:
-                raise SystemExit(f"the anchor {args.anchor} did not pass: {anchor_point['error']}")
-            anchor_gain = anchor_point["speedup"]
-        swept = []
-        for config, build_dir in points:
-            record = supervisor.run(build_dir, description="exhaustive", against=against)
-            swept.append((_point(record, config), build_dir))
-            p = swept[-1][0]
-            p["vsAnchor"], p["speedup"] = p["speedup"], p["speedup"] and p["speedup"] * anchor_gain
-            print(
-                f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}",
-                file=sys.stderr,
-            )
-        sweep_s = time.monotonic() - sweep_started
-        passed = [(p, d) for p, d in swept if p["status"] == "passed" and p["speedup"] is not None]
-        if not passed:
-            raise SystemExit("no point of the exhaustive sweep passed; nothing to compare the campaign with")
-        best_point, best_dir = max(passed, key=lambda pd: pd[0]["speedup"])
         meta |= {"workerStartS": round(start_s, 2), "baseline": _point(baseline)}
-        sweep_doc = {
-            "knobs": knobs,
-            "skipped": args.skip,
-            "anchor": anchor_point,
-            "combinations": len(points),
-            "seconds": round(sweep_s, 1),
-            "best": best_point,
-            "points": [p for p, _ in swept],
-        }
+        if args.sweep_from is not None:
+            # The sweep of an earlier run on this device: only its best is measured again, head to head.
+            previous = json.loads(args.sweep_from.read_text())["exhaustive"]
+            best_dir = work / "exhaustive-best"
+            knob_variant(REFERENCE_BUILD, previous["best"]["config"], best_dir, name="exhaustive-best")
+            sweep_doc = {
+                "from": str(args.sweep_from),
+                "knobs": previous.get("knobs"),
+                "combinations": len(previous.get("points", [])),
+                "best": previous["best"],
+            }
+        else:
+            points = exhaustive(knobs, work, args.skip)
+            print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
+            sweep_started = time.monotonic()
+            against, anchor_gain, anchor_point = Path(REFERENCE_BUILD), 1.0, None
+            if args.anchor:
+                anchor_config = _anchor(args.anchor)
+                against = work / "anchor"
+                knob_variant(REFERENCE_BUILD, anchor_config, against, name="anchor")
+                anchor_point = _point(supervisor.run(against, description="anchor", against=REFERENCE_BUILD))
+                if anchor_point["status"] != "passed" or anchor_point["speedup"] is None:
+                    raise SystemExit(f"the anchor {args.anchor} did not pass: {anchor_point['error']}")
+                anchor_gain = anchor_point["speedup"]
+            swept = []
+            for config, build_dir in points:
+                record = supervisor.run(build_dir, description="exhaustive", against=against)
+                swept.append((_point(record, config), build_dir))
+                p = swept[-1][0]
+                p["vsAnchor"], p["speedup"] = p["speedup"], p["speedup"] and p["speedup"] * anchor_gain
+                print(
+                    f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}",
+                    file=sys.stderr,
+                )
+            sweep_s = time.monotonic() - sweep_started
+            passed = [(p, d) for p, d in swept if p["status"] == "passed" and p["speedup"] is not None]
+            if not passed:
+                raise SystemExit(
+                    "no point of the exhaustive sweep passed; nothing to compare the campaign with"
+                )
+            best_point, best_dir = max(passed, key=lambda pd: pd[0]["speedup"])
+            sweep_doc = {
+                "knobs": knobs,
+                "skipped": args.skip,
+                "anchor": anchor_point,
+                "combinations": len(points),
+                "seconds": round(sweep_s, 1),
+                "best": best_point,
+                "points": [p for p, _ in swept],
+            }
         write(meta | {"partial": True, "exhaustive": sweep_doc})  # in case the campaign does not finish
 
         store = open_store(str(work / "store"))
