@@ -23,7 +23,7 @@ case "${1:-}" in
 search)
     python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
         --knobs "${SWEEP_KNOBS:-kv_cache,decode_step,kernels,capture_buckets,sampling,prefill}" \
-        --skip kernels=compile --anchor decode_step=fused --experiment-timeout 60 \
+        --skip kernels=compile --anchor decode_step=fused,sampling=device --experiment-timeout 60 \
         --max-experiments 30 --deadline "${CAMPAIGN_DEADLINE:-240s}" \
         --out "$OUT/search-quality-llama-8b-h200-$DATE.json" >/dev/null
     ;;
