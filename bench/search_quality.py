@@ -197,6 +197,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="where to write the JSON result")
     args = parser.parse_args()
     knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
+    anchor_config = _anchor(args.anchor) if args.anchor else None  # bad flags fail before the worker starts
     workload = workload_from_profile(DEFAULT_WORKLOAD)
     if args.device == "cpu":
         workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
@@ -245,7 +246,13 @@ def main() -> int:
         meta |= {"workerStartS": round(start_s, 2), "baseline": _point(baseline)}
         if args.sweep_from is not None:
             # The sweep of an earlier run on this device: only its best is measured again, head to head.
-            previous = json.loads(args.sweep_from.read_text())["exhaustive"]
+            try:
+                previous = json.loads(args.sweep_from.read_text())["exhaustive"]
+                previous["best"]["config"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(
+                    f"--sweep-from {args.sweep_from}: not a search_quality result with an exhaustive best ({exc})"
+                ) from None
             best_dir = work / "exhaustive-best"
             knob_variant(REFERENCE_BUILD, previous["best"]["config"], best_dir, name="exhaustive-best")
             sweep_doc = {
@@ -259,8 +266,7 @@ def main() -> int:
             print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
             sweep_started = time.monotonic()
             against, anchor_gain, anchor_point = Path(REFERENCE_BUILD), 1.0, None
-            if args.anchor:
-                anchor_config = _anchor(args.anchor)
+            if anchor_config is not None:
                 against = work / "anchor"
                 knob_variant(REFERENCE_BUILD, anchor_config, against, name="anchor")
                 anchor_point = _point(supervisor.run(against, description="anchor", against=REFERENCE_BUILD))
