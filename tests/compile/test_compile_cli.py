@@ -34,11 +34,13 @@ def _compile(store: Path, *extra: str, timeout: float = 240) -> subprocess.Compl
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
 
 
-def _ledger_builds(store: Path) -> list[str]:
+def _ledger_builds(store: Path) -> list[tuple[str, str | None]]:
+    """The ledger's experiments as (build, the build it was paired against): one build may run
+    paired with several others (the search's anchor, then the baseline), never twice with one."""
     s = open_store(str(store))
     keys = [k for k in s.list("compilejobs/") if k.endswith(".jsonl")]
     assert len(keys) == 1, keys
-    return [r["build"] for r in s.read_jsonl(keys[0])]
+    return [(r["build"], (r.get("comparison") or {}).get("against")) for r in s.read_jsonl(keys[0])]
 
 
 @pytest.mark.slow
