@@ -58,6 +58,7 @@ from polymorph_engine.experiment.measure import (
 )
 from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.verify import Golden, verify
+from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.hotreload import Engine, build_id_of
 from polymorph_engine.runtime.model import LoadedModel
 
@@ -201,8 +202,6 @@ def run_experiment(
     try:
         record.build = build_id_of(build_dir)
         loaded = engine.load_build(build_dir, knobs)
-        if slot is not None:
-            slot.drop_cache()  # the swap cleared cuBLAS workspaces that its graphs would replay into
         timings.loadS = loaded.load_s
         record.name, record.parent, record.knobs = loaded.name, loaded.parent, loaded.knobs
         if not description:
@@ -217,18 +216,20 @@ def run_experiment(
         if not record.verification.passed:
             record.status = "rejected"
         else:
+            baseline: tuple[str, HotPath] | None = None
             if against is not None:
                 assert slot is not None
                 try:
-                    slot.hotpath(Path(against).resolve())
+                    baseline = slot.hotpath(Path(against).resolve())
                 except Exception as exc:
                     raise RuntimeError(
                         f"the baseline to pair against ({against}) could not be loaded: {describe_error(exc)}"
                     ) from exc
             t = time.perf_counter()
-            _benchmark(
-                record, candidate, slot if against is not None else None, workload, settings, engine.model
-            )
+            warm = slot is not None and slot.warm
+            _benchmark(record, candidate, baseline, warm, workload, settings, engine.model)
+            if slot is not None and baseline is not None:
+                slot.warm = True
             timings.benchS = time.perf_counter() - t
             record.status = "passed"
     except Exception as exc:
@@ -248,15 +249,17 @@ def run_experiment(
 def _benchmark(
     record: ExperimentRecord,
     candidate: ReusedCache,
-    baseline: BaselineSlot | None,
+    baseline: tuple[str, HotPath] | None,
+    baseline_warm: bool,
     workload: Workload,
     settings: BenchSettings,
     model: LoadedModel,
 ) -> None:
-    """Measure ``candidate`` (paired with the build ``baseline`` holds, when given) and fill the record's figures.
+    """Measure ``candidate`` (paired with ``baseline``, (build id, hot path), when given) and fill the record's figures.
 
     Each build's passes share one cache for the whole measurement, as a server keeps one: the
-    candidate's is the one it was verified through, the baseline's is kept by its slot.
+    candidate's is the one it was verified through, the baseline's a fresh one (see ``pairing``).
+    ``baseline_warm``: an earlier experiment warmed the baseline to a steady state.
     """
     device = model.device
     prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
@@ -273,12 +276,10 @@ def _benchmark(
         record.figures = figures_of(one.passes, one.warmup)
         record.passes, record.halfWidth = len(one.passes), one.estimate.half_width
         return
-    assert baseline.build is not None and baseline.cache is not None
-    against = baseline.build
+    against, base_path = baseline
     paired = measure_paired(
-        passes_of(candidate), passes_of(baseline.cache), policy, baseline_warm=baseline.warm
+        passes_of(candidate), passes_of(ReusedCache(base_path)), policy, baseline_warm=baseline_warm
     )
-    baseline.warm = True
     if cpu and waits_more(paired.candidate, paired.baseline):
         # The candidate spends its pass waiting rather than computing (sleeps, locks, I/O): CPU time
         # would flatter it, so this comparison is judged by wall time.
