@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import httpx
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
@@ -46,73 +45,17 @@ from moto.server import ThreadedMotoServer
 from executor import Endpoint, FileSD, PodExecutor, free_port
 from polymorph.store import S3Store, Store, open_store
 from support.k8s_binaries import kubectl as kubectl_binary
+from support.operator_process import NS, REPO, OperatorProcess
 from support.prometheus import PrometheusServer
 from support.waiting import wait_for
 
 __all__ = ["NS", "REPO", "Fleet", "OperatorProcess", "slowed_build", "wait_for"]
 
-REPO = Path(__file__).resolve().parents[1]
-NS = "inference"
 GROUP, VERSION = "polymorph.dev", "v1alpha1"
 BUCKET = "polymorph-e2e"
 STORE_SECRET = "polymorph-store"
 REFERENCE = REPO / "engine_image" / "polymorph_engine" / "builds" / "reference"
 AWS = {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e-secret", "AWS_REGION": "us-east-1"}
-
-
-class OperatorProcess:
-    """``polymorph operator`` as a child process; its JSON log lines go to a file."""
-
-    def __init__(
-        self, kubeconfig: Path, prometheus_url: str, store: str, env: dict[str, str], log: Path
-    ) -> None:
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.args = [
-            str(Path(sys.executable).parent / "polymorph"), "operator",
-            "--namespace", NS, "--prometheus-url", prometheus_url,
-            "--store", store, "--store-secret", STORE_SECRET, "--standalone",
-            "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
-            "--drift-interval", "1", "--rollout-interval", "0.5",
-        ]  # fmt: skip
-        self.env = {**os.environ, **env, "KUBECONFIG": str(kubeconfig)}
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> OperatorProcess:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.args, stdout=out, stderr=out, env=self.env, cwd=REPO)
-        wait_for("the operator's /healthz", self.healthy, timeout=60, every=0.2)
-        return self
-
-    def healthy(self) -> bool:
-        if self.proc is None or self.proc.poll() is not None:
-            raise AssertionError(f"the operator exited: {self.tail()}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def metric(self, name: str) -> float:
-        """The sum of a metric's samples on the operator's /metrics (0 when absent)."""
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name + " ") or line.startswith(name + "{")
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
 _TWICE = '''"""Entry of the *slowed* build (an e2e fixture): every step runs twice, on two caches.
@@ -266,8 +209,13 @@ class Fleet:
         self.kubectl("-n", NS, "create", "secret", "generic", STORE_SECRET, *literals)
 
         self.operator = OperatorProcess(
-            self.kubeconfig, self.prometheus_url, self.store_uri, self.aws, self.workdir / "operator.log"
-        ).start()
+            self.kubeconfig,
+            self.prometheus_url,
+            self.store_uri,
+            self.workdir / "operator.log",
+            env=self.aws,
+            store_secret=STORE_SECRET,
+        ).start(timeout=60)
         self._stack.append(self.operator.stop)
         self.executor = PodExecutor(self.kubeconfig, [NS], self.workdir, targets).start()
         self._stack.append(self.executor.close)

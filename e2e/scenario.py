@@ -310,9 +310,9 @@ class Scenario:
             lambda: [e for e in self.events() if e["reason"] == "WaitingForApproval"],
             60,
         )
-        ticks = f.operator.metric("polymorph_operator_reconciles_total") if f.operator else None
+        ticks = f.operator.metric_total("polymorph_operator_reconciles_total") if f.operator else None
         if ticks is not None:
-            self.wait("ten more reconciles", lambda: f.operator is not None and f.operator.metric("polymorph_operator_reconciles_total") >= ticks + 10, 30)  # fmt: skip
+            self.wait("ten more reconciles", lambda: f.operator is not None and f.operator.metric_total("polymorph_operator_reconciles_total") >= ticks + 10, 30)  # fmt: skip
         unapproved = {"canary": f.deployment(f"{MD}-canary"), "waiting": waiting, "rollout": _rollout(f),
                       "active": f.status(MD)["activeBuild"]["id"]}  # fmt: skip
         self.say(f"kubectl annotate: polymorph.dev/approve={candidate}")

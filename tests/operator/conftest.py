@@ -65,7 +65,8 @@ def operator(
 
     def start(**flags: Any) -> OperatorProcess:
         log = tmp_path / f"operator-{flags.get('pod_id') or 'standalone'}.log"
-        proc = OperatorProcess(cluster[2], prometheus.url, store, log, **flags)
+        env = {"PYTHONPATH": str(REPO / "tests")}
+        proc = OperatorProcess(cluster[2], prometheus.url, store, log, env=env, **flags)
         started.append(proc)
         return proc.start()
 

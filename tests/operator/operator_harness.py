@@ -2,8 +2,9 @@
 and a stand-in for the controllers that do not run here.
 
 - ``Api``: plain HTTP on the emulator (the wire protocol, nothing in between).
-- ``OperatorProcess``: ``polymorph operator`` (``python -m polymorph.cli operator``) with short intervals; ``kill()``
-  sends SIGKILL, ``start()`` starts it again; its JSON log lines are kept in a file.
+- ``OperatorProcess`` (``support.operator_process``, shared with the e2e harness): ``polymorph
+  operator`` with short intervals; ``kill()`` sends SIGKILL, ``start()`` starts it again; its
+  JSON log lines are kept in a file.
 - ``FakeEngine``: an HTTP /metrics endpoint rendered by the engine's own ``ServerMetrics``,
   fed with requests of the shape and speed the test chooses, scraped by the real Prometheus.
 - ``Kubelet``: makes Deployments' status say their replicas are ready and rolled out, as the
@@ -15,14 +16,8 @@ and a stand-in for the controllers that do not run here.
 from __future__ import annotations
 
 import contextvars
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,11 +25,23 @@ import httpx
 from charts.chart_rbac import Call, Use, audit, effective_permissions
 from charts.chart_render import FULLNAME, NAMESPACE, render
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST, RequestObservation, ServerMetrics
-from support.prometheus import free_port
+from support.operator_process import NS, REPO, OperatorProcess
 from support.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-NS = "inference"
+__all__ = [
+    "GROUP",
+    "NS",
+    "REPO",
+    "Api",
+    "FakeEngine",
+    "Kubelet",
+    "OperatorProcess",
+    "audit_against_chart",
+    "operator_access",
+    "trace_agents",
+    "wait_for",
+]
+
 GROUP = "/apis/polymorph.dev/v1alpha1"
 
 
@@ -84,100 +91,6 @@ class Api:
 
     def compilejobs(self) -> list[dict[str, Any]]:
         return self.items(f"{GROUP}/namespaces/{NS}/compilejobs")
-
-
-class OperatorProcess:
-    """The real operator, as a child process, against the emulator and Prometheus.
-
-    By default it watches ``NS`` with ``--standalone``; ``namespace=None`` watches every namespace,
-    ``standalone=False`` runs kopf peering, and ``pod_id`` names the replica in the peering object
-    (kopf reads ``POD_ID``, as the chart's pods would set it).
-    """
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        prometheus_url: str,
-        store: Path,
-        log: Path,
-        *,
-        namespace: str | None = NS,
-        standalone: bool = True,
-        pod_id: str | None = None,
-        **flags: str,
-    ) -> None:
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.args = [
-            sys.executable, "-m", "polymorph.cli", "operator",
-            *(["--namespace", namespace] if namespace else ["--all-namespaces"]),
-            "--prometheus-url", prometheus_url,
-            "--store", str(store),
-            *(["--standalone"] if standalone else []),
-            "--metrics-port", str(self.metrics_port),
-            "--health-port", str(self.health_port),
-            "--drift-interval", flags.pop("drift_interval", "1"),
-            "--rollout-interval", flags.pop("rollout_interval", "0.5"),
-        ]  # fmt: skip
-        for key, value in flags.items():
-            self.args += [f"--{key.replace('_', '-')}", value]
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(REPO / "tests")}
-        if pod_id is not None:
-            self.env["POD_ID"] = pod_id
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> OperatorProcess:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=out, env=self.env, cwd=REPO)
-        out.close()
-        wait_for("the operator's /healthz", self.healthy, timeout=30)
-        return self
-
-    def healthy(self) -> bool:
-        if self.proc is None or self.proc.poll() is not None:
-            raise AssertionError(f"the operator exited: {self.tail()}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no goodbye, as a node failure or OOM kill would."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def metrics(self) -> str:
-        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-
-    def metric(self, name: str) -> float | None:
-        for line in self.metrics().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        return None
-
-    def lines(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                out.append({"event": line, "unparsed": True})
-        return out
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
