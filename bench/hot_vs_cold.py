@@ -140,13 +140,28 @@ def _load_workload(path: Path) -> Any:
     return Workload(tuple(RequestShape(*r) for r in doc["requests"]), doc["concurrency"], doc["digest"])
 
 
+def _fixed_settings(args: argparse.Namespace) -> Any:
+    """The fixed protocol (exactly --warmup and --repeats passes, wall clock) for hot and cold alike,
+    not the adaptive one, so that both sides do the same work."""
+    from polymorph_engine.experiment.run import BenchSettings
+
+    return BenchSettings(
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_repeats=args.repeats,
+        max_warmup=args.warmup,
+        clock="wall",
+        seed=args.seed,
+    )
+
+
 def cold_child(args: argparse.Namespace) -> int:
     """One cold experiment: everything a fresh engine process does, then one JSON line on stdout."""
     started = time.perf_counter()
     import torch
 
     from polymorph.api import Gates
-    from polymorph_engine.experiment.run import BenchSettings, run_experiment
+    from polymorph_engine.experiment.run import run_experiment
     from polymorph_engine.experiment.verify import Golden
     from polymorph_engine.runtime.checkpoint import load_model
     from polymorph_engine.runtime.hotreload import Engine
@@ -158,16 +173,7 @@ def cold_child(args: argparse.Namespace) -> int:
     loaded = time.perf_counter()
     reference = Golden.load(args.golden)
     workload = _load_workload(Path(args.workload))
-    # The fixed protocol (exactly --warmup and --repeats passes, wall clock) for hot and cold alike,
-    # not the adaptive one, so that both sides do the same work.
-    settings = BenchSettings(
-        repeats=args.repeats,
-        warmup=args.warmup,
-        max_repeats=args.repeats,
-        max_warmup=args.warmup,
-        clock="wall",
-        seed=args.seed,
-    )
+    settings = _fixed_settings(args)
     record = run_experiment(Engine(model), args.cold_child, workload, Gates(), reference, settings=settings)
     done = time.perf_counter()
     phases = {"importS": imported - started, "weightsS": loaded - imported, "experimentS": done - loaded}
@@ -250,7 +256,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from polymorph.api import Gates
     from polymorph.builds import REFERENCE_BUILD, knob_variant
     from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
-    from polymorph_engine.experiment.run import DEVICE_SCALE, BenchSettings
+    from polymorph_engine.experiment.run import DEVICE_SCALE
     from polymorph_engine.experiment.supervisor import Supervisor
     from polymorph_engine.experiment.verify import default_prompts, golden
     from polymorph_engine.runtime.checkpoint import load_model, save_checkpoint
@@ -301,16 +307,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         torch.cuda.empty_cache()
 
     # Hot: one worker, weights loaded once, a swap per experiment.
-    # The fixed protocol (exactly --warmup and --repeats passes, wall clock) for hot and cold alike,
-    # not the adaptive one, so that both sides do the same work.
-    settings = BenchSettings(
-        repeats=args.repeats,
-        warmup=args.warmup,
-        max_repeats=args.repeats,
-        max_warmup=args.warmup,
-        clock="wall",
-        seed=args.seed,
-    )
+    settings = _fixed_settings(args)
     threads = args.threads if args.device == "cpu" else None
     supervisor = Supervisor(
         str(checkpoint),
