@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pairing_support import paired
 
-from polymorph import stats
 from polymorph.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
 from polymorph.api.build import PairedComparison
 from polymorph.api.common import Constraint, Histogram, WorkloadProfile
@@ -86,19 +86,6 @@ def figures(tps: float, noise: float = 0.01, itl: float = 10.0, shift: int = 0) 
         repeats=reps,
         ttftP95Repeats=[6.0] * len(reps),
         itlP95Repeats=passes(itl, noise, shift),
-    )
-
-
-def paired(cand: Figures, base: Figures, against: str) -> PairedComparison:
-    est = stats.paired_ratio(cand.repeats, base.repeats)
-    return PairedComparison(
-        against=against,
-        ratio=est.value,
-        lo=est.lo,
-        hi=est.hi,
-        pairs=est.n,
-        halfWidth=est.half_width,
-        baseline=base,
     )
 
 

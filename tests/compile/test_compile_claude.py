@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 from fake_anthropic import FakeAnthropic, Reply, error, message, result_text, text, tool_results, tool_use
+from pairing_support import paired
 
-from polymorph import stats
 from polymorph.api import Budget, ExperimentRecord, Figures, Verification
-from polymorph.api.build import PairedComparison
 from polymorph.api.common import Histogram, WorkloadProfile
 from polymorph.builds import read_build
 from polymorph.compile.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
@@ -206,16 +205,7 @@ class ToyRunner:
         comparison = None
         if against is not None:
             base = _toy_figures(100.0 * int(read_build(against).defaults()["batch"]), shift=1)
-            est = stats.paired_ratio(fig.repeats, base.repeats)
-            comparison = PairedComparison(
-                against=build_id(against),
-                ratio=est.value,
-                lo=est.lo,
-                hi=est.hi,
-                pairs=est.n,
-                halfWidth=est.half_width,
-                baseline=base,
-            )
+            comparison = paired(fig, base, build_id(against))
         ver = Verification(tokenAgreement=1, logitError=0, finite=True, passed=True)
         return ExperimentRecord(
             build="x", status="passed", verification=ver, figures=fig, comparison=comparison
