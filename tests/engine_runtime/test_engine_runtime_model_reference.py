@@ -4,14 +4,15 @@ freed and reused)."""
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from polymorph.builds import REFERENCE_BUILD, read_build
 from polymorph_engine.runtime.checkpoint import load_model
@@ -176,25 +177,42 @@ def test_cache_misuse_is_refused(tiny: LoadedModel) -> None:
             hotpath.decode(cache, torch.tensor([0]), torch.tensor([3]))
 
 
-def _decode_seconds(model: LoadedModel, knobs: dict[str, Any], batch: int, steps: int = 32) -> float:
+class _CountWork(TorchDispatchMode):
+    """Counts the ATen operators a decode step dispatches and the bytes their fresh outputs take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = collections.Counter[str]()
+        self.bytes_written = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func.overloadpacket)] += 1
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(tensor, torch.Tensor) and not tensor._is_view():
+                self.bytes_written += tensor.numel() * tensor.element_size()
+        return out
+
+
+def _decode_step_work(model: LoadedModel, knobs: dict[str, Any], batch: int = 8) -> _CountWork:
     hotpath, _, _ = load_hotpath(model, REFERENCE_BUILD, knobs)
     cache = hotpath.new_cache(batch, 256)
     for s in range(batch):
         hotpath.prefill(cache, s, _prompt(64 + 8 * s, model.config.vocab_size, s))
     slots, tokens = torch.arange(batch), torch.zeros(batch, dtype=torch.int64)
-    started = time.perf_counter()
-    for _ in range(steps):
-        tokens = hotpath.sample(hotpath.decode(cache, slots, tokens))
-    elapsed = time.perf_counter() - started
+    tokens = hotpath.sample(hotpath.decode(cache, slots, tokens))  # first step may set things up
+    with _CountWork() as work:
+        hotpath.sample(hotpath.decode(cache, slots, tokens))
     hotpath.close()
-    return elapsed
+    return work
 
 
-def test_fast_knobs_are_measurably_faster_on_cpu(tiny: LoadedModel) -> None:
-    # The offline search must be able to find a faster build on CPU. Runs are interleaved and the
-    # best of each kept, so a busy CI machine slows both sides rather than one.
-    default, fast = float("inf"), float("inf")
-    for _ in range(5):
-        default = min(default, _decode_seconds(tiny, {}, batch=8))
-        fast = min(fast, _decode_seconds(tiny, FAST, batch=8))
-    assert fast < 0.9 * default, f"fast {fast * 1e3:.1f} ms vs default {default * 1e3:.1f} ms"
+def test_fast_knobs_do_less_work_per_decode_step(tiny: LoadedModel) -> None:
+    # The offline search must be able to find a faster build on CPU. Speed itself is measured by
+    # bench/ and by the paired verdicts of the compile tests; this checks the cause, deterministically:
+    # fused projections launch fewer matmuls, and a static cache stops re-copying the whole cache.
+    default, fast = _decode_step_work(tiny, {}), _decode_step_work(tiny, FAST)
+    layers = tiny.config.num_hidden_layers
+    assert default.ops["aten.mm"] - fast.ops["aten.mm"] == 3 * layers  # q,k,v -> 1 and gate,up -> 1
+    assert fast.ops.total() < 0.5 * default.ops.total(), (fast.ops.total(), default.ops.total())
+    assert fast.bytes_written < 0.5 * default.bytes_written, (fast.bytes_written, default.bytes_written)
