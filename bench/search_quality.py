@@ -74,6 +74,9 @@ def _point(record: ExperimentRecord, config: dict[str, Any] | None = None) -> di
         "against": c.against if c else None,
         "description": record.description,
         "seconds": {"load": t.loadS, "verify": t.verifyS, "bench": t.benchS, "total": t.totalS},
+        # Each measured pass's output tok/s, candidate and (paired) baseline: where the noise came from.
+        "repeats": [round(x, 2) for x in record.figures.repeats] if record.figures else [],
+        "baselineRepeats": [round(x, 2) for x in c.baseline.repeats] if c else [],
     }
 
 
