@@ -173,6 +173,10 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert in_order(tail, ["CompileJobSucceeded", "WaitingForApproval", "CanaryStep", "AnalysisFailed",
                            "AnalysisFailed", "RolledBack"]), tail  # fmt: skip
     failed = messages(events[len(promoted["events"]) :], "AnalysisFailed")
-    assert len(failed) == 2 and all("(min 0.9): Fail" in m for m in failed), failed
-    assert failed[-1].startswith("step 1, failure 2 of 2"), failed
+    # Two failures in a row roll back (failureLimit 1). On two busy shared cores one analysis at
+    # the first step can read the slower canary within bounds; the canary then moves on and the
+    # failures come at the second step: either way it is the same rule.
+    assert len(failed) >= 2 and all("(min 0.9): Fail" in m for m in failed), failed
+    assert re.match(r"step ([12]), failure 1 of 2", failed[-2]), failed
+    assert failed[-1].startswith(failed[-2].split(",")[0] + ", failure 2 of 2"), failed
     assert len(messages(events, "RolledBack")) == 1 and reasons(events).count("Promoted") == 1
