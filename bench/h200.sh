@@ -8,7 +8,8 @@
 # 1. bench/search_quality.py on llama-8b bf16: the reference alone, an exhaustive sweep of the
 #    decode-path knobs (paired with a fused anchor), then a 30-experiment campaign from the
 #    reference with the search agent in the same engine, and the campaign's best paired with the
-#    exhaustive best. Records experiments/hour with and without torch.compile prepare time.
+#    exhaustive best and its contenders. Records experiments/hour with and without torch.compile
+#    prepare time.
 # 2. bench/decode.py: Polymorph's reference and the campaign's build, the gpt-fast-style compiled
 #    peer, HF eager and HF compiled, both shapes; then bench/hot_vs_cold.py on llama-8b.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
@@ -42,7 +43,7 @@ print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in
     ;;
 all)
     # Both in one call when device time is short: the campaign under a deadline, judged head to
-    # head against the exhaustive best of the sweep recorded earlier (SWEEP_FROM; the sweep
+    # head against the best points of the sweep recorded earlier (SWEEP_FROM; the sweep
     # itself takes ~2 minutes), then batch-1 decode of the build it kept beside the peers (rows
     # past the budget are recorded as skipped).
     timeout 330 python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
