@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 measurements, in two device calls (one call may run 10 minutes), or one:
+# The H200 measurements, in two runs of under 10 minutes each, or one:
 #
 #   bash bench/h200.sh search     # 1. campaign + exhaustive sweep + head to head on llama-8b
 #   bash bench/h200.sh decode F   # 2. the build the campaign in F kept, beside the peers, and hot vs cold
@@ -42,7 +42,7 @@ print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in
         --repeats 2 --out "$OUT/llama-8b-h200-$DATE.json" --json >/dev/null
     ;;
 all)
-    # Both in one call when device time is short: the campaign under a deadline, judged head to
+    # Both in one run of under 10 minutes: the campaign under a deadline, judged head to
     # head against the best points of the sweep recorded earlier (SWEEP_FROM; the sweep
     # itself takes ~2 minutes), then batch-1 decode of the build it kept beside the peers (rows
     # past the budget are recorded as skipped).
