@@ -53,8 +53,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from polymorph.builds import REFERENCE_BUILD, knob_variant
+from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
+from polymorph.errors import BuildError, UsageError
 from polymorph_engine.runtime.checkpoint import load_model
+from polymorph_engine.runtime.config import SHAPES, parse_dtype
 from polymorph_engine.runtime.hotreload import build_id_of
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import rope_inv_freq
@@ -413,8 +415,50 @@ def _freed() -> Iterator[None]:
         torch._dynamo.reset()
 
 
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag} must be comma-separated positive integers, e.g. 1,8,32; got {text!r}")
+    return values
+
+
+def _check(args: argparse.Namespace) -> None:
+    """One line naming the flag for each bad value, before any model is built."""
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "--device cuda: no CUDA device is visible (--device cpu runs a smoke test of the script)"
+        )
+    unknown = [m for m in args.models.split(",") if m not in SHAPES]
+    if unknown or not args.models:
+        raise SystemExit(f"--models must name shapes from {', '.join(sorted(SHAPES))}; got {args.models!r}")
+    bad = [e for e in args.engines.split(",") if e not in ENGINES]
+    if bad or not args.engines:
+        raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
+    _ints("--batches", args.batches)
+    _ints("--compiled-batches", args.compiled_batches)
+    for flag in ("prompt", "steps"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag} must be a positive integer; got {getattr(args, flag)}")
+    if args.warmup < 0:
+        raise SystemExit(f"--warmup must be >= 0; got {args.warmup}")
+    try:
+        parse_dtype(args.dtype)
+    except UsageError as exc:
+        raise SystemExit(f"--{exc}") from None
+    spec = read_build(REFERENCE_BUILD)
+    for text in (t for t in args.knobs.split(";") if t.strip()):
+        try:
+            resolve_knobs(spec, parse_knobs(text))
+        except BuildError as exc:
+            raise SystemExit(f"--knobs {text!r}: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _check(args)
     started = time.perf_counter()
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(args.device, (1 << 30) if device.type == "cuda" else (64 << 20))
@@ -431,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     engines: list[str] = []
     for e in (e for e in args.engines.split(",") if e):
         engines += candidates if e == "polymorph" else [e]
-    batches = [int(b) for b in args.batches.split(",")]
-    compiled_batches = {int(b) for b in args.compiled_batches.split(",")}
+    batches = _ints("--batches", args.batches)
+    compiled_batches = set(_ints("--compiled-batches", args.compiled_batches))
     rows: list[dict[str, Any]] = []
     # Batch-major: the batch-1 rows of every model and engine come first, under the budget.
     for batch in batches:

@@ -109,6 +109,10 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, help="where to write the JSON result (default: stdout only)")
     args = parser.parse_args()
+    if args.runs < 1:
+        raise SystemExit(f"--runs must be a positive integer; got {args.runs}")
+    if not args.limit > 0:
+        raise SystemExit(f"--limit must be a positive number of seconds; got {args.limit}")
     spinner = None
     if args.busy:
         spinner = mp.get_context("spawn").Process(target=_spin, name="demo-stability-spin", daemon=True)

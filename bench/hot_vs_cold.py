@@ -499,12 +499,18 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{flag.replace('_', '-')} must be >= 1; got {value}.", file=sys.stderr)
             return 2
-    if args.workdir:
-        Path(args.workdir).mkdir(parents=True, exist_ok=True)
-        result = run(args, Path(tempfile.mkdtemp(prefix="hot-vs-cold-", dir=args.workdir)))
-    else:
-        with tempfile.TemporaryDirectory(prefix="polymorph-hot-vs-cold-") as tmp:
-            result = run(args, Path(tmp))
+    from polymorph.errors import BuildError, UsageError
+
+    try:
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            result = run(args, Path(tempfile.mkdtemp(prefix="hot-vs-cold-", dir=args.workdir)))
+        else:
+            with tempfile.TemporaryDirectory(prefix="polymorph-hot-vs-cold-") as tmp:
+                result = run(args, Path(tmp))
+    except (UsageError, BuildError) as exc:  # a bad --model, --dtype or --device: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import sys
@@ -45,6 +46,7 @@ import torch
 
 from polymorph import __version__
 from polymorph.api import Budget, ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.api.common import parse_duration
 from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build
 from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
 from polymorph.compile.campaign import Campaign, CampaignSettings
@@ -53,7 +55,7 @@ from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.store import open_store
 from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings
-from polymorph_engine.experiment.supervisor import Supervisor
+from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 
 COMPILE_VALUES = {("decode_capture", "compile"), ("kernels", "compile")}
 """Knob values whose prepare time is torch.compile's (excluded from the adjusted rate)."""
@@ -188,6 +190,24 @@ def _anchor(text: str) -> dict[str, Any]:
     return with_requirements(config, requires, defaults)
 
 
+def _check(args: argparse.Namespace) -> None:
+    """One line naming the flag for each bad value (what ``polymorph compile`` would refuse)."""
+    if args.max_experiments < 1:
+        raise SystemExit(f"--max-experiments must be a positive integer; got {args.max_experiments}")
+    try:
+        parse_duration(args.deadline)
+    except ValueError as exc:
+        raise SystemExit(f"--deadline: {exc}") from None
+    if not (math.isfinite(args.min_speedup) and args.min_speedup >= 1):
+        raise SystemExit(f"--min-speedup must be a finite number >= 1, e.g. 1.05; got {args.min_speedup}")
+    if not (math.isfinite(args.experiment_timeout) and args.experiment_timeout > 0):
+        raise SystemExit(
+            f"--experiment-timeout must be a positive number of seconds; got {args.experiment_timeout}"
+        )
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"--threads must be a positive integer; got {args.threads}")
+
+
 def _previous_sweep(path: Path) -> dict[str, Any]:
     """The sweep of an earlier run on this device: its points are not measured again (only the
     contenders, head to head)."""
@@ -279,7 +299,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="where to write the JSON result")
     args = parser.parse_args()
     knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
-    anchor_config = _anchor(args.anchor) if args.anchor else None  # bad flags fail before the worker starts
+    # Bad flags fail before the worker starts.
+    _check(args)
+    anchor_config = _anchor(args.anchor) if args.anchor else None
+    previous = _previous_sweep(args.sweep_from) if args.sweep_from is not None else None
     workload = workload_from_profile(DEFAULT_WORKLOAD)
     if args.device == "cpu":
         workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
@@ -326,8 +349,8 @@ def main() -> int:
         start_s = supervisor.stats.load_seconds[0]
         baseline = supervisor.run(REFERENCE_BUILD, description="baseline")
         meta |= {"workerStartS": round(start_s, 2), "baseline": _point(baseline)}
-        if args.sweep_from is not None:
-            sweep_doc = _previous_sweep(args.sweep_from)
+        if previous is not None:
+            sweep_doc = previous
         else:
             sweep_doc = _sweep(supervisor, knobs, args.skip, anchor_config, work)
         tops = contenders(sweep_doc["points"])
@@ -397,4 +420,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except WorkerStartError as exc:  # a bad --model, --device or --dtype: the worker says which
+        raise SystemExit(str(exc)) from None
