@@ -151,6 +151,18 @@ def main() -> None:
     parser.add_argument("--scrape-interval", default="5s")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.deployments < 1 or not 0 <= args.drifted <= args.deployments or args.cycles < 1:
+        raise SystemExit(
+            "--deployments and --cycles must be positive and --drifted between 0 and --deployments; "
+            f"got {args.deployments}, {args.cycles} and {args.drifted}"
+        )
+    if not args.drift_interval.isdigit() or int(args.drift_interval) < 1:
+        raise SystemExit(
+            f"--drift-interval must be a positive whole number of seconds; got {args.drift_interval!r}"
+        )
+    seconds = args.scrape_interval.removesuffix("s")
+    if not args.scrape_interval.endswith("s") or not seconds.isdigit() or int(seconds) < 1:
+        raise SystemExit(f"--scrape-interval must be whole seconds such as 5s; got {args.scrape_interval!r}")
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="polymorph-fleet-"))
     names = [f"md-{i:04d}" for i in range(args.deployments)]

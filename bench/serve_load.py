@@ -235,6 +235,15 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="load rounds per server, interleaved old/new")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    for flag in ("clients", "requests", "max_tokens", "max_batch", "max_queue", "rounds"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(
+                f"--{flag.replace('_', '-')} must be a positive integer; got {getattr(args, flag)}"
+            )
+    if args.retries < 0 or not args.timeout > 0:
+        raise SystemExit(
+            f"--retries must be >= 0 and --timeout positive; got {args.retries} and {args.timeout}"
+        )
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     results: dict[str, Any] = {}
