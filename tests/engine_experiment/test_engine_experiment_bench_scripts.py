@@ -1,0 +1,83 @@
+"""The benchmark scripts in bench/: bad flags get one line naming the flag (never a traceback, and
+before any model loads), and search_quality's choice of which sweep points may be the best."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import search_quality  # noqa: E402  (a script beside the others in bench/)
+
+BAD_FLAGS = [
+    ("search_quality.py", ["--max-experiments", "0"], "--max-experiments must be a positive integer"),
+    ("search_quality.py", ["--deadline", "soon"], "--deadline: 'soon' is not a duration"),
+    ("search_quality.py", ["--min-speedup", "nan"], "--min-speedup must be a finite number >= 1"),
+    ("search_quality.py", ["--experiment-timeout", "0"], "--experiment-timeout must be a positive number"),
+    ("search_quality.py", ["--anchor", "kv_cache=nope"], "--anchor kv_cache must be one of concat, static"),
+    ("search_quality.py", ["--sweep-from", "/nonexistent.json"], "--sweep-from /nonexistent.json: not a"),
+    ("search_quality.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
+    ("decode.py", ["--device", "cpu", "--models", "nope"], "--models must name shapes from"),
+    ("decode.py", ["--device", "cpu", "--batches", "1,0"], "--batches must be comma-separated positive"),
+    ("decode.py", ["--device", "cpu", "--knobs", "kv_cache=nope"], "knob 'kv_cache' of build 'reference'"),
+    ("decode.py", ["--device", "cpu", "--engines", "vllm"], "--engines must be comma-separated from"),
+    ("hot_vs_cold.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
+    ("hot_vs_cold.py", ["--dtype", "int3"], "dtype must be one of bfloat16, float16, float32"),
+    ("demo_stability.py", ["--runs", "0"], "--runs must be a positive integer"),
+    ("demo_stability.py", ["--limit", "-3"], "--limit must be a positive number of seconds"),
+    ("fleet_drift.py", ["--drifted", "9", "--deployments", "3"], "--drifted between 0 and --deployments"),
+    ("fleet_drift.py", ["--scrape-interval", "5"], "--scrape-interval must be whole seconds such as 5s"),
+    ("serve_load.py", ["--clients", "0"], "--clients must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "expected"), BAD_FLAGS, ids=lambda v: str(v)[:40])
+def test_a_bad_flag_gets_one_line(script: str, args: list[str], expected: str, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr[-2000:]
+    assert expected in lines[0] and "Traceback" not in done.stderr, lines
+    assert not out.exists(), "a refused run writes no result"
+
+
+def _point(speedup: float, lo: float, hi: float, gain: float = 1.0, status: str = "passed") -> dict[str, Any]:
+    """A sweep point as search_quality records it: its interval over the anchor, the chained speedup."""
+    return {
+        "config": {"speedup": speedup},
+        "status": status,
+        "speedup": speedup,
+        "vsAnchor": speedup / gain,
+        "ci": [lo / gain, hi / gain],
+    }
+
+
+def test_contenders_are_the_points_whose_interval_reaches_the_best() -> None:
+    noisy_top = _point(4.50, 4.03, 5.04, gain=1.33)  # the highest estimate, but wide
+    tight = _point(4.20, 4.14, 4.27, gain=1.33)
+    also = _point(4.11, 3.96, 4.26, gain=1.33)
+    below = _point(2.81, 2.79, 2.83, gain=1.33)  # its interval ends under the top's lower bound
+    failed = _point(9.0, 8.0, 10.0, status="failed")
+    chosen = search_quality.contenders([below, tight, failed, noisy_top, also])
+    assert [p["speedup"] for p in chosen] == [4.50, 4.20, 4.11]
+    assert search_quality.chained_ci(tight) == pytest.approx((4.14, 4.27))
+
+
+def test_contenders_of_one_precise_best_is_that_point_alone_and_at_most_four() -> None:
+    precise = _point(2.0, 1.98, 2.02)
+    assert search_quality.contenders([precise, _point(1.5, 1.45, 1.55)]) == [precise]
+    many = [_point(3.0 - i / 100, 2.5, 3.5) for i in range(8)]
+    assert len(search_quality.contenders(many)) == search_quality.MAX_CONTENDERS
+    assert search_quality.contenders([_point(2.0, 1.9, 2.1, status="crashed")]) == []
