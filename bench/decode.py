@@ -425,8 +425,9 @@ def _ints(flag: str, text: str) -> list[int]:
     return values
 
 
-def _check(args: argparse.Namespace) -> None:
-    """One line naming the flag for each bad value, before any model is built."""
+def _check(args: argparse.Namespace) -> tuple[list[int], set[int]]:
+    """One line naming the flag for each bad value, before any model is built; the batches and
+    the compiled peers' batches."""
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             "--device cuda: no CUDA device is visible (--device cpu runs a smoke test of the script)"
@@ -437,8 +438,8 @@ def _check(args: argparse.Namespace) -> None:
     bad = [e for e in args.engines.split(",") if e not in ENGINES]
     if bad or not args.engines:
         raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
-    _ints("--batches", args.batches)
-    _ints("--compiled-batches", args.compiled_batches)
+    batches = _ints("--batches", args.batches)
+    compiled_batches = set(_ints("--compiled-batches", args.compiled_batches))
     for flag in ("prompt", "steps"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag} must be a positive integer; got {getattr(args, flag)}")
@@ -454,11 +455,12 @@ def _check(args: argparse.Namespace) -> None:
             resolve_knobs(spec, parse_knobs(text))
         except BuildError as exc:
             raise SystemExit(f"--knobs {text!r}: {exc}") from None
+    return batches, compiled_batches
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _check(args)
+    batches, compiled_batches = _check(args)
     started = time.perf_counter()
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(args.device, (1 << 30) if device.type == "cuda" else (64 << 20))
@@ -475,8 +477,6 @@ def main(argv: list[str] | None = None) -> int:
     engines: list[str] = []
     for e in (e for e in args.engines.split(",") if e):
         engines += candidates if e == "polymorph" else [e]
-    batches = _ints("--batches", args.batches)
-    compiled_batches = set(_ints("--compiled-batches", args.compiled_batches))
     rows: list[dict[str, Any]] = []
     # Batch-major: the batch-1 rows of every model and engine come first, under the budget.
     for batch in batches:

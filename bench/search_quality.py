@@ -47,11 +47,12 @@ import torch
 from polymorph import __version__
 from polymorph.api import Budget, ExperimentRecord, Gates, Objective, WorkloadProfile
 from polymorph.api.common import parse_duration
-from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build
+from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
 from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.cli import CAMPAIGN_CPU_SCALE
 from polymorph.compile.ledger import CampaignPaths, config_uid
+from polymorph.errors import BuildError
 from polymorph.store import open_store
 from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings
@@ -176,17 +177,13 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, 
 def _anchor(text: str) -> dict[str, Any]:
     """``--anchor`` as a requirement-complete configuration of the reference's knobs."""
     spec = read_build(REFERENCE_BUILD)
-    defaults = {name: knob.default for name, knob in spec.knobs.items()}
+    defaults = spec.defaults()
     requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
-    config = dict(defaults)
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, raw = item.partition("=")
-        if name not in spec.knobs:
-            raise SystemExit(f"--anchor names {name!r}, which the reference does not declare")
-        choices = {str(c).lower(): c for c in spec.knobs[name].choices}
-        if raw.lower() not in choices:
-            raise SystemExit(f"--anchor {name} must be one of {', '.join(choices)}, got {raw!r}")
-        config[name] = choices[raw.lower()]
+    pairs = (part.strip().partition("=") for part in text.split(",") if part.strip())
+    try:
+        config = resolve_knobs(spec, {name.strip(): raw.strip() for name, _, raw in pairs})
+    except BuildError as exc:
+        raise SystemExit(f"--anchor {text!r}: {exc}") from None
     return with_requirements(config, requires, defaults)
 
 
@@ -214,7 +211,8 @@ def _previous_sweep(path: Path) -> dict[str, Any]:
     try:
         previous = json.loads(path.read_text())["exhaustive"]
         points = previous.get("points") or [previous["best"]]
-        [p["config"] for p in points]
+        if not all(isinstance(p, dict) and isinstance(p.get("config"), dict) for p in points):
+            raise ValueError("a point has no configuration")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(
             f"--sweep-from {path}: not a search_quality result with an exhaustive sweep ({exc})"
@@ -376,15 +374,17 @@ def main() -> int:
         )
         campaign_started = time.monotonic()
 
+        so_far: list[ExperimentRecord] = []
+
+        def on_record(record: ExperimentRecord, _cached: bool, _progress: object) -> None:
+            so_far.append(record)  # written as it lands: a killed run keeps what it measured
+            campaign = _campaign_doc(so_far, time.monotonic() - campaign_started)
+            write(meta | {"partial": True, "exhaustive": sweep_doc, "campaign": campaign})
+
         def log(message: str) -> None:
             print(message, file=sys.stderr)
-            so_far = [ExperimentRecord.model_validate(r) for r in store.read_jsonl(settings.paths.ledger(0))]
-            elapsed = time.monotonic() - campaign_started
-            write(
-                meta | {"partial": True, "exhaustive": sweep_doc, "campaign": _campaign_doc(so_far, elapsed)}
-            )
 
-        outcome = Campaign(settings, store, supervisor, log=log).run(SearchAgent())
+        outcome = Campaign(settings, store, supervisor, on_record=on_record, log=log).run(SearchAgent())
         campaign_s = time.monotonic() - campaign_started
         result = outcome.result
         found = result.best or result.bestCandidate

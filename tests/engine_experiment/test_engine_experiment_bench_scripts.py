@@ -20,7 +20,11 @@ BAD_FLAGS = [
     ("search_quality.py", ["--deadline", "soon"], "--deadline: 'soon' is not a duration"),
     ("search_quality.py", ["--min-speedup", "nan"], "--min-speedup must be a finite number >= 1"),
     ("search_quality.py", ["--experiment-timeout", "0"], "--experiment-timeout must be a positive number"),
-    ("search_quality.py", ["--anchor", "kv_cache=nope"], "--anchor kv_cache must be one of concat, static"),
+    (
+        "search_quality.py",
+        ["--anchor", "kv_cache=nope"],
+        "--anchor 'kv_cache=nope': knob 'kv_cache' of build 'reference' must be one of concat, static",
+    ),
     ("search_quality.py", ["--sweep-from", "/nonexistent.json"], "--sweep-from /nonexistent.json: not a"),
     ("search_quality.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
     ("decode.py", ["--device", "cpu", "--models", "nope"], "--models must name shapes from"),
