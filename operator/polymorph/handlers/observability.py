@@ -5,8 +5,12 @@ Owns:
   ``namespace`` and ``name`` when it is about an object (kopf's object loggers carry the
   object in ``record.k8s_ref``; our handlers bind it with ``object_log``).
 - ``OperatorMetrics``: a private registry served on ``--metrics-port``: reconciles by kind
-  and result, drift scores, rollouts by phase, Prometheus queries and errors, drift cycle
-  time and CompileJobs opened.
+  and result, drift scores and thresholds, rollouts by phase, Prometheus queries and errors,
+  drift cycle time and CompileJobs opened; per deployment the rollout's phase, step, weight,
+  start and expected time, analysis metrics without data and replicas per track; per
+  CompileJob its experiments, best speedup and phase, and CompileJobs finished by phase
+  (``handlers.gauges`` fills these from status). ``drop`` removes a labelled metric's series
+  whose first label values match.
 
 It knows nothing about what the handlers decide.
 """
@@ -21,7 +25,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["OperatorMetrics", "configure_logging", "object_log"]
+__all__ = ["OperatorMetrics", "configure_logging", "drop", "object_log"]
 
 
 def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -116,6 +120,102 @@ class OperatorMetrics:
         self.compilejobs_opened = Counter(
             "polymorph_operator_compilejobs_opened", "CompileJobs opened on drift.", registry=r
         )
+        md = ["namespace", "model_deployment"]
+        self.drift_threshold = Gauge(
+            "polymorph_operator_drift_threshold",
+            "spec.recompile.driftThreshold per deployment: a drift score at or above it opens a CompileJob.",
+            md,
+            registry=r,
+        )
+        self.rollout_phase = Gauge(
+            "polymorph_operator_rollout_phase",
+            "1 for the deployment's current rollout phase, 0 for every other phase.",
+            [*md, "phase"],
+            registry=r,
+        )
+        self.rollout_step = Gauge(
+            "polymorph_operator_rollout_step",
+            "The rollout's current canary step, from 1 (0 when no rollout is in progress).",
+            md,
+            registry=r,
+        )
+        self.rollout_steps = Gauge(
+            "polymorph_operator_rollout_steps", "Canary steps in spec.rollout.steps.", md, registry=r
+        )
+        self.rollout_weight = Gauge(
+            "polymorph_operator_rollout_weight_percent",
+            "Desired canary weight of the current step (0 when no rollout is in progress).",
+            md,
+            registry=r,
+        )
+        self.rollout_actual_weight = Gauge(
+            "polymorph_operator_rollout_actual_weight_percent",
+            "The canary's share of ready serving replicas.",
+            md,
+            registry=r,
+        )
+        self.rollout_started = Gauge(
+            "polymorph_operator_rollout_started_timestamp_seconds",
+            "When the rollout in progress started (absent when none is).",
+            md,
+            registry=r,
+        )
+        self.rollout_expected = Gauge(
+            "polymorph_operator_rollout_expected_seconds",
+            "The least time a rollout takes when every analysis passes: each step's max(pause, interval).",
+            md,
+            registry=r,
+        )
+        self.analysis_nodata = Gauge(
+            "polymorph_operator_analysis_nodata",
+            "1 when the current step's latest analysis had no data for the metric (during a rollout).",
+            [*md, "metric"],
+            registry=r,
+        )
+        self.serving_replicas = Gauge(
+            "polymorph_operator_serving_replicas",
+            "Serving replicas per track, desired and ready.",
+            [*md, "track", "state"],
+            registry=r,
+        )
+        cj = ["namespace", "compilejob", "model_deployment"]
+        self.compilejob_experiments = Gauge(
+            "polymorph_operator_compilejob_experiments",
+            "A CompileJob's experiments so far, by outcome (total, passed, rejected, failed, crashed, timeout).",
+            [*cj, "outcome"],
+            registry=r,
+        )
+        self.compilejob_best_speedup = Gauge(
+            "polymorph_operator_compilejob_best_speedup",
+            "A CompileJob's best build's speedup over its baseline (absent until one passed).",
+            cj,
+            registry=r,
+        )
+        self.compilejob_phase = Gauge(
+            "polymorph_operator_compilejob_phase",
+            "1 for a CompileJob's current phase, 0 for every other phase.",
+            [*cj, "phase"],
+            registry=r,
+        )
+        self.compilejobs_finished = Counter(
+            "polymorph_operator_compilejobs_finished",
+            "CompileJobs that reached a terminal phase, by phase.",
+            ["namespace", "phase"],
+            registry=r,
+        )
+        self.per_deployment: tuple[Gauge, ...] = (
+            self.drift_threshold,
+            self.rollout_phase,
+            self.rollout_step,
+            self.rollout_steps,
+            self.rollout_weight,
+            self.rollout_actual_weight,
+            self.rollout_started,
+            self.rollout_expected,
+            self.analysis_nodata,
+            self.serving_replicas,
+        )
+        """The series ``observe_modeldeployment`` keeps per (namespace, model_deployment)."""
 
     def on_query(self, ok: bool) -> None:
         self.prometheus_queries.labels("ok" if ok else "error").inc()
@@ -124,3 +224,13 @@ class OperatorMetrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+def drop(metric: Gauge | Counter, *prefix: str) -> None:
+    """Remove every series of ``metric`` whose first label values are ``prefix``."""
+    names = metric._labelnames  # prometheus_client has no public accessor for them
+    for family in metric.collect():
+        for sample in family.samples:
+            values = tuple(sample.labels.get(n, "") for n in names)
+            if values[: len(prefix)] == tuple(prefix):
+                metric.remove(*values)

@@ -20,7 +20,7 @@ import kopf
 
 from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY
 from polymorph.core.rollout import Phase
-from polymorph.handlers import compilejobs, fleet, modeldeployments
+from polymorph.handlers import compilejobs, fleet, gauges, modeldeployments
 from polymorph.handlers.context import Context
 
 __all__ = ["GROUP", "build_registry", "kopf_settings"]
@@ -107,6 +107,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
             memo.metrics.reconciles.labels("ModelDeployment", handler, "retry").inc()
             raise
         memo.metrics.reconciles.labels("ModelDeployment", handler, "ok").inc()
+        gauges.observe_modeldeployment(memo.metrics, body, patch.status, deployment_index)
 
     @kopf.on.resume(*md, id="reconcile", registry=registry)
     @kopf.on.create(*md, id="reconcile", registry=registry)
@@ -142,6 +143,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         async with memo.fresh.lock(key):
             await compilejobs.create(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "create", "ok").inc()
+        gauges.observe_compilejob(memo.metrics, body, patch.status)
 
     def _active(status: kopf.Status, **_: Any) -> bool:
         return status.get("phase") not in _TERMINAL
@@ -159,6 +161,17 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         async with memo.fresh.lock(key):
             await compilejobs.progress(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "progress", "ok").inc()
+        gauges.observe_compilejob(memo.metrics, body, patch.status)
+
+    # optional: no finalizer; a deleted object's series only go away with it.
+    @kopf.on.delete(*cj, id="forget", optional=True, registry=registry)
+    def compilejob_forget(body: kopf.Body, memo: Context, **_: Any) -> None:
+        gauges.forget_compilejob(memo.metrics, body)
+
+    @kopf.on.delete(*md, id="forget", optional=True, registry=registry)
+    def modeldeployment_forget(body: kopf.Body, memo: Context, **_: Any) -> None:
+        meta = body["metadata"]
+        gauges.forget_modeldeployment(memo.metrics, meta.get("namespace") or "default", meta["name"])
 
     @kopf.on.startup(id="fleet", registry=registry)
     async def start_fleet(
