@@ -41,7 +41,7 @@ from polymorph.api import (
 )
 from polymorph.compile.documents import CampaignResult, Progress
 from polymorph.core import drift
-from polymorph.core.conditions import set_condition
+from polymorph.core.conditions import compilejob_progress, set_condition, set_progress
 from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY, owner_reference
 
 __all__ = [
@@ -286,6 +286,9 @@ def compilejob_status(
         message,
         now,
         cj.metadata.generation,
+    )
+    status.conditions = set_progress(
+        status.conditions, compilejob_progress(phase, reason, message), now, cj.metadata.generation
     )
     return status
 

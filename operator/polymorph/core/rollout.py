@@ -111,6 +111,8 @@ class TrackObservation:
     ready: int
     updated: bool = True
     """The Deployment controller has observed the latest spec and every replica runs it."""
+    stuck: str | None = None
+    """The Deployment controller's message when it gave up waiting (``ProgressDeadlineExceeded``)."""
 
 
 @dataclass(frozen=True)

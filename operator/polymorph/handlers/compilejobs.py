@@ -30,6 +30,7 @@ from polymorph.api import TERMINAL_PHASES, CompileJob, CompileJobStatus
 from polymorph.clients.kube import CONFIGMAPS, JOBS, MODELDEPLOYMENTS, KubeError, apply
 from polymorph.compile.documents import CampaignResult, Progress
 from polymorph.core import compilejobs
+from polymorph.core.conditions import compilejob_progress, set_progress
 from polymorph.core.resources import sandbox_configmap, sandbox_job
 from polymorph.errors import StoreError
 from polymorph.handlers.context import Context, sequence, sequenced_patch
@@ -60,9 +61,24 @@ def _owner_md(cj: CompileJob, ctx: Context) -> Mapping[str, Any] | None:
     return ctx.kube.get(MODELDEPLOYMENTS, cj.metadata.namespace or "default", cj.spec.deploymentRef.name)
 
 
+def _progress_conditions(
+    body: Mapping[str, Any], ctx: Context, phase: str, reason: str, message: str
+) -> list[Any]:
+    """The status conditions with Reconciling and Stalled for ``phase`` (kstatus), as JSON."""
+    try:
+        old = CompileJobStatus.model_validate(dict(body.get("status") or {})).conditions
+    except ValidationError:
+        old = []
+    gen = body.get("metadata", {}).get("generation")
+    new = set_progress(old, compilejob_progress(phase, reason, message), ctx.clock(), gen)
+    return [c.model_dump(mode="json", exclude_none=True) for c in new]
+
+
 def _fail(ctx: Context, patch: kopf.Patch, body: Mapping[str, Any], message: str) -> kopf.PermanentError:
     patch.status["phase"] = "Failed"
     patch.status["message"] = message
+    patch.status["observedGeneration"] = body.get("metadata", {}).get("generation")
+    patch.status["conditions"] = _progress_conditions(body, ctx, "Failed", "CannotStart", message)
     ctx.event(body, "CompileJobFailed", message, "Warning")
     return kopf.PermanentError(message)
 
@@ -100,6 +116,9 @@ async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> No
         patch.status["jobName"] = cj.metadata.name
         patch.status["observedGeneration"] = cj.metadata.generation
         patch.status["startedAt"] = ctx.clock().isoformat().replace("+00:00", "Z")
+        patch.status["conditions"] = _progress_conditions(
+            body, ctx, "Pending", "Pending", "waiting for the sandbox pods"
+        )
 
 
 def job_observation(job: Mapping[str, Any] | None) -> compilejobs.JobObservation:

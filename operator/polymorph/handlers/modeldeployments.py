@@ -40,7 +40,14 @@ from polymorph.clients.kube import DEPLOYMENTS, SERVICES, KubeError, apply, cont
 from polymorph.clients.prometheus import PrometheusUnavailable
 from polymorph.core import promql, rollout
 from polymorph.core.analysis import AnalysisRun, run_analysis
-from polymorph.core.conditions import deployment_phase, find, set_condition
+from polymorph.core.conditions import (
+    Progress,
+    deployment_phase,
+    deployment_progress,
+    find,
+    set_condition,
+    set_progress,
+)
 from polymorph.core.resources import ANNOTATION_BUILD_ID, canary_name, serving_deployment, serving_service
 from polymorph.handlers.context import Context, sequence, sequenced_patch
 from polymorph.handlers.observability import object_log
@@ -77,11 +84,22 @@ def _track(body: Mapping[str, Any] | None) -> rollout.TrackObservation | None:
         int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
         and int(status.get("updatedReplicas") or 0) >= replicas
     )
+    stuck = next(
+        (
+            f"Deployment {meta.get('name')}: {c.get('message') or 'ProgressDeadlineExceeded'}"
+            for c in status.get("conditions") or []
+            if c.get("type") == "Progressing"
+            and c.get("status") == "False"
+            and c.get("reason") == "ProgressDeadlineExceeded"
+        ),
+        None,
+    )
     return rollout.TrackObservation(
         build=annotations.get(ANNOTATION_BUILD_ID, ""),
         replicas=replicas,
         ready=int(status.get("readyReplicas") or 0),
         updated=updated,
+        stuck=stuck,
     )
 
 
@@ -211,8 +229,32 @@ def _conditions(
         c = set_condition(
             c, "Degraded", "False", "AsExpected", "Prometheus answers and the spec is valid", now, gen
         )
+    tracks = [t for t in (obs.stable, obs.canary) if t is not None]
+    progress = deployment_progress(
+        rollout_phase=state.phase,
+        rollout_build=state.build,
+        rollout_message=state.message,
+        rollout_reason=state.reason,
+        step=_step_text(state, obs),
+        candidate=obs.candidate,
+        active=obs.active,
+        policy=obs.policy,
+        approved=obs.approved,
+        compiling=f"CompileJob {job.name} is {job.phase or 'Pending'}" if compiling and job else None,
+        ready=ready,
+        want=want,
+        stuck=next((t.stuck for t in tracks if t.stuck), None),
+    )
+    c = set_progress(c, progress, now, gen)
     status.conditions = c
     status.phase = deployment_phase(c)
+
+
+def _step_text(state: rollout.RolloutState, obs: rollout.Observation) -> str | None:
+    if state.phase != "Progressing" or not obs.steps:
+        return None
+    i = min(state.step, len(obs.steps) - 1)
+    return f"{state.build} at step {i + 1}/{len(obs.steps)}, weight {obs.steps[i].weight}%"
 
 
 def _announce_degraded(
@@ -237,10 +279,10 @@ async def _set_invalid(
         if body.get("status")
         else ModelDeploymentStatus()
     )
-    conditions = set_condition(
-        old.conditions, "Degraded", "True", "InvalidSpec", message, now, body["metadata"].get("generation")
-    )
-    if find(old.conditions, "Degraded") != find(conditions, "Degraded"):
+    gen = body["metadata"].get("generation")
+    conditions = set_condition(old.conditions, "Degraded", "True", "InvalidSpec", message, now, gen)
+    conditions = set_progress(conditions, Progress(stalled=("InvalidSpec", message)), now, gen)
+    if any(find(old.conditions, t) != find(conditions, t) for t in ("Degraded", "Stalled", "Reconciling")):
         patch.status["conditions"] = [c.model_dump(mode="json", exclude_none=True) for c in conditions]
         patch.status["phase"] = "Degraded"
         patch.status["observedGeneration"] = body["metadata"].get("generation")
