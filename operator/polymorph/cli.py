@@ -27,6 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pydantic import ValidationError
 
 from polymorph.errors import BuildError, Interrupted, StoreError, UsageError
+from polymorph.inputs import Parser
 from polymorph.validate import format_validation_error
 
 # name -> (module, help), or (help, {role: (module, help)}) for a command with roles. Modules are
@@ -60,11 +61,6 @@ COMMANDS: dict[str, Command | tuple[str, dict[str, Command]]] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 def _attach(parser: argparse.ArgumentParser, name: str, module_name: str) -> None:
     """Let ``module_name`` configure ``parser``; a missing optional extra becomes a one-line error."""
     try:
@@ -81,9 +77,9 @@ def _attach(parser: argparse.ArgumentParser, name: str, module_name: str) -> Non
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; only the ``selected`` command's modules are imported (all when None),
     so ``polymorph validate`` never pays for the engine's torch import."""
-    parser = _Parser(prog="polymorph", description="Continual compilation for LLM inference fleets.")
+    parser = Parser(prog="polymorph", description="Continual compilation for LLM inference fleets.")
     parser.add_argument("--version", action="version", version=f"polymorph {_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, entry in COMMANDS.items():
         target, help_text = entry if isinstance(entry[1], str) else (entry[1], entry[0])
         if selected is not None and name != selected:
@@ -94,7 +90,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
             _attach(sub, name, target)
             continue
         group = subparsers.add_parser(name, help=help_text, description=help_text)
-        roles = group.add_subparsers(dest="role", metavar="ROLE", required=True, parser_class=_Parser)
+        roles = group.add_subparsers(dest="role", metavar="ROLE", required=True, parser_class=Parser)
         for role, (module_name, role_help) in target.items():
             _attach(
                 roles.add_parser(role, help=role_help, description=role_help), f"{name} {role}", module_name
@@ -155,7 +151,12 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = next((a for a in argv if not a.startswith("-")), "")
     parser = build_parser(selected)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag: Parser.error printed its one line
+        if exc.code == 2:
+            return 2
+        raise  # --help and --version exit 0
     if args.command is None:
         parser.print_help()
         return 2

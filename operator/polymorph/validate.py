@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from polymorph.api.common import (
 )
 from polymorph.api.rules import FieldError
 from polymorph.errors import UsageError
+from polymorph.inputs import read_text
 
 Resource = ModelDeployment | CompileJob
 KINDS: dict[str, tuple[type[ModelDeployment] | type[CompileJob], type[BaseModel]]] = {
@@ -51,7 +51,8 @@ _EXPECTED_KINDS = " or ".join(KINDS)
 
 # What a pattern means, in words, for the patterns people meet.
 _PATTERN_WORDS = {
-    DURATION_PATTERN: "must be a duration: a positive whole number with unit s, m, h or d, e.g. 30s, 10m, 6h, 1d",
+    DURATION_PATTERN: "must be a duration: a positive whole number with unit ms, s, m, h or d, "
+    "e.g. 30s, 10m, 6h, 1d",
     BUILD_ID_PATTERN: "must be 'reference' or a build id sha256:<64 lowercase hex digits>",
     DNS_LABEL_PATTERN: "must be lowercase letters, digits and '-', starting and ending with a letter or digit",
     DNS_SUBDOMAIN_PATTERN: "must be lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
@@ -348,7 +349,28 @@ def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dic
     return seen
 
 
+MAX_NUMBER_DIGITS = 18
+"""The most digits a whole number in a manifest, workload or trace may have (fits 64 bits)."""
+
+
+def bounded_int(text: str) -> int:
+    """``int(text)`` for at most ``MAX_NUMBER_DIGITS`` digits; ``ValueError`` (refused unread) otherwise."""
+    if sum(c.isdigit() for c in text) > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number with more than {MAX_NUMBER_DIGITS} digits")
+    return int(text)
+
+
+def _int(loader: _Loader, node: yaml.ScalarNode) -> int:
+    text = str(node.value)
+    if sum(c.isdigit() for c in text.replace("_", "")) > MAX_NUMBER_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"a number with more than {MAX_NUMBER_DIGITS} digits is too large", node.start_mark
+        )
+    return int(loader.construct_yaml_int(node))
+
+
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+_Loader.add_constructor("tag:yaml.org,2002:int", _int)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -482,19 +504,9 @@ def _list_items(doc: Any) -> list[Any] | None:
 
 
 def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    file = Path(path)
-    if not file.exists():
-        raise UsageError(f"{path}: file not found")
-    if file.is_dir():
+    if path != "-" and Path(path).is_dir():
         raise UsageError(f"{path}: is a directory; give YAML files")
-    try:
-        return file.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return read_text(path)
 
 
 def load_manifest(path_or_text: str | Path) -> list[Resource]:
@@ -545,8 +557,10 @@ def run(args: argparse.Namespace) -> int:
 
 __all__ = [
     "KINDS",
+    "MAX_NUMBER_DIGITS",
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
+    "bounded_int",
     "check_text",
     "configure",
     "format_path",

@@ -34,7 +34,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from polymorph.api import Histogram, WorkloadProfile
 from polymorph.errors import UsageError
-from polymorph.validate import format_validation_error, load_yaml
+from polymorph.inputs import read_text, shown
+from polymorph.validate import MAX_NUMBER_DIGITS, bounded_int, format_validation_error, load_yaml
 
 __all__ = [
     "DEFAULT_WORKLOAD",
@@ -47,6 +48,7 @@ __all__ = [
     "parse_trace",
     "profile_of",
     "read_profile",
+    "read_workload",
     "sample_requests",
     "workload_from_profile",
 ]
@@ -59,6 +61,8 @@ DEFAULT_WORKLOAD = WorkloadProfile(
 """A chat-like sample profile: mostly short prompts and answers, a tail of long ones."""
 
 _ARRIVAL_KEYS = ("arrivalS", "arrival", "offsetS")
+MAX_REQUEST_TOKENS = 1 << 20
+"""The longest prompt or output a workload may ask for (1,048,576 tokens)."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,13 @@ def parse_trace(lines: list[str], concurrency: int = 8, source: str = "trace") -
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = json.loads(line, parse_int=bounded_int)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{source} line {number} is not JSON ({exc.msg}).") from None
+        except ValueError:  # bounded_int refused a number
+            raise UsageError(
+                f"{source} line {number} holds a number with more than {MAX_NUMBER_DIGITS} digits."
+            ) from None
         if not isinstance(entry, dict):
             raise UsageError(
                 f"{source} line {number} must be a JSON object with inputTokens and outputTokens."
@@ -142,8 +150,8 @@ class TraceLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    inputTokens: int = Field(ge=1)
-    outputTokens: int = Field(ge=1)
+    inputTokens: int = Field(ge=1, le=MAX_REQUEST_TOKENS)
+    outputTokens: int = Field(ge=1, le=MAX_REQUEST_TOKENS)
     arrivalS: float = Field(
         default=0.0, ge=0, allow_inf_nan=False, validation_alias=AliasChoices(*_ARRIVAL_KEYS)
     )
@@ -167,9 +175,12 @@ def _trace_entry(entry: dict[str, object], where: str) -> RequestShape:
                 f"{where}: unknown field {field!r}; allowed fields are inputTokens, outputTokens, arrivalS."
             ) from None
         if field in ("inputTokens", "outputTokens"):
-            raise UsageError(f"{where}: {field} must be an integer >= 1, got {entry.get(field)!r}.") from None
+            raise UsageError(
+                f"{where}: {field} must be an integer from 1 to {MAX_REQUEST_TOKENS}, "
+                f"got {shown(entry.get(field))}."
+            ) from None
         raise UsageError(
-            f"{where}: arrivalS must be a number of seconds >= 0, got {error.get('input')!r}."
+            f"{where}: arrivalS must be a number of seconds >= 0, got {shown(error.get('input'))}."
         ) from None
     return RequestShape(line.inputTokens, line.outputTokens, line.arrivalS)
 
@@ -192,22 +203,26 @@ def _histogram(lengths: list[int]) -> Histogram:
 
 
 def load_workload(path: str | Path, n: int = 64, seed: int = 0) -> Workload:
-    """Read a workload file: a ``.jsonl`` trace, or a YAML/JSON WorkloadProfile.
+    """Read a workload file: a ``.jsonl`` trace, or a YAML/JSON WorkloadProfile (see ``read_workload``)."""
+    return read_workload(path, n, seed)[0]
 
-    A profile may be the bare profile or wrapped as ``{profile: ...}`` (the CompileJob
-    ``spec.workload`` shape); ``n`` requests are sampled from it with ``seed``.
-    Raises ``UsageError`` (one sentence naming the file and field) on bad input.
+
+def read_workload(path: str | Path, n: int = 64, seed: int = 0) -> tuple[Workload, WorkloadProfile]:
+    """A workload file's requests and its profile (a trace's is derived with ``profile_of``).
+
+    The file is read with ``polymorph.inputs.read_text`` (at most ``MAX_FILE_BYTES``, UTF-8). A
+    profile may be the bare profile or wrapped as ``{profile: ...}`` (the CompileJob
+    ``spec.workload`` shape); ``n`` requests are sampled from it with ``seed``. No request may
+    ask for more than ``MAX_REQUEST_TOKENS``. Raises ``UsageError`` (one sentence naming the
+    file and field) on bad input.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"workload file {path} is not a UTF-8 text file.") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read workload file {path}: {exc.strerror or exc}.") from None
+    text = read_text(path, "workload file")
     if is_trace(path, text):
-        return parse_trace(text.splitlines(), source=str(path))
-    return workload_from_profile(read_profile(text, str(path)), n=n, seed=seed)
+        workload = parse_trace(text.splitlines(), source=str(path))
+        return workload, profile_of(workload)
+    profile = read_profile(text, str(path))
+    return workload_from_profile(profile, n=n, seed=seed), profile
 
 
 def is_trace(path: Path, text: str) -> bool:
@@ -237,10 +252,17 @@ def read_profile(text: str, source: str) -> WorkloadProfile:
             "or be a JSON-lines trace (.jsonl)."
         )
     try:
-        return WorkloadProfile.model_validate(doc)
+        profile = WorkloadProfile.model_validate(doc)
     except ValidationError as exc:
         lines = format_validation_error(exc, root=WorkloadProfile)
         raise UsageError(f"workload file {source}: {lines[0]}.") from None
+    for name, hist in (("inputTokens", profile.inputTokens), ("outputTokens", profile.outputTokens)):
+        if hist.bounds[-1] > MAX_REQUEST_TOKENS:
+            raise UsageError(
+                f"workload file {source}: {name}.bounds[{len(hist.bounds) - 1}] is {hist.bounds[-1]}; "
+                f"a request holds at most {MAX_REQUEST_TOKENS} tokens."
+            )
+    return profile
 
 
 def fit_workload(

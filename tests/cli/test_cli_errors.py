@@ -99,7 +99,7 @@ def test_compile_min_speedup_not_finite(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str
 ) -> None:
     line = one_line(capsys, "compile", "--store", str(tmp_path), f"--min-speedup={value}")
-    assert "--min-speedup must be a finite number >= 1" in line
+    assert "--min-speedup: must be a number >= 1 and <= 1000" in line
 
 
 @pytest.mark.usefixtures("no_model_load")
@@ -150,7 +150,7 @@ def test_sandbox_engine_port_out_of_range(capsys: pytest.CaptureFixture[str]) ->
     line = one_line(
         capsys, "sandbox", "engine", "--spec", str(STANDALONE), "--model", "tiny", "--port", "99999"
     )
-    assert "--port must be from 1 to 65535" in line
+    assert "--port: must be a whole number from 1 to 65535" in line
 
 
 @pytest.mark.usefixtures("no_model_load")
@@ -255,4 +255,4 @@ def test_an_impossible_thread_count_is_refused_before_the_worker_starts(
 ) -> None:
     extra = ["--store", str(tmp_path)] if command == "compile" else ["--build", "reference"]
     line = one_line(capsys, command, *extra, "--threads", "99999999999999999999")
-    assert "--threads must be at most 4096" in line
+    assert "--threads: must be a whole number from 1 to 4096" in line

@@ -13,7 +13,7 @@ from polymorph.builds import REFERENCE_BUILD
 from polymorph.cli import main
 from polymorph.store import LocalStore
 
-QUICK = ["--model", MODEL, "--repeats", "1", "--warmup", "0", "--threads", "1"]
+QUICK = ["--model", MODEL, "--repeats", "2", "--warmup", "0", "--threads", "1"]
 
 
 def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
@@ -92,8 +92,8 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             "--experiment-timeout: 'soon' is not a duration",
         ),
         (["--build", "reference", "--experiment-timeout", "-3"], "durations must be positive"),
-        (["--build", "reference", "--repeats", "0"], "--repeats must be >= 1"),
-        (["--build", "reference", "--threads", "0"], "--threads must be >= 1"),
+        (["--build", "reference", "--repeats", "1"], "--repeats: must be a whole number from 2 to 1000"),
+        (["--build", "reference", "--threads", "0"], "--threads: must be a whole number from 1 to 4096"),
         (["--build", "sha256:xyz"], "is not a build id"),
         (
             ["--build", "no/such/dir"],
@@ -110,7 +110,7 @@ def test_bad_flags_are_one_sentence(
 def test_files_and_store_errors_are_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = "sha256:" + "0" * 64
     assert "has no build" in _error(["--build", missing, "--store", str(tmp_path / "store")], capsys)
-    assert "cannot read workload file" in _error(
+    assert "w.yaml: file not found" in _error(
         ["--build", "reference", "--workload", str(tmp_path / "w.yaml")], capsys
     )
     not_a_build = tmp_path / "empty"

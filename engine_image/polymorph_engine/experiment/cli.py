@@ -24,26 +24,21 @@ from pathlib import Path
 
 import torch
 
-from polymorph.api import ExperimentRecord, parse_duration
+from polymorph import measurement
+from polymorph.api import ExperimentRecord
 from polymorph.builds import knob_variant, read_build, resolve_build_arg, resolve_knobs
 from polymorph.errors import BuildError, UsageError
+from polymorph.inputs import integer
 from polymorph.store import open_store
-from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, SupervisorStats, WorkerStartError
 from polymorph_engine.runtime.config import SHAPES, parse_dtype
 
 __all__ = ["configure", "run"]
 
-MAX_THREADS = 4096
-"""The most torch CPU threads a worker may be asked for (more overflows torch's C++ int)."""
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "exit status: 0 when every build passed, 1 when any did not, 2 for bad input"
-    parser.add_argument(
-        "--model", default="tiny", help="model shape (tiny, llama-1b, llama-8b, ...) or checkpoint dir"
-    )
     parser.add_argument(
         "--build",
         action="append",
@@ -52,43 +47,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a build directory, 'reference', or a build id sha256:<hex> from --store; repeat to run several",
     )
     parser.add_argument(
+        "--against",
+        metavar="DIR_OR_ID",
+        help="a baseline build to pair each build with, as a campaign does: interleaved passes and a "
+        "speedup with its interval (default none: each build is measured alone)",
+    )
+    parser.add_argument(
         "--knob", action="append", default=[], metavar="NAME=VALUE", help="run variants with this knob"
     )
-    parser.add_argument(
-        "--workload", metavar="FILE", help="a WorkloadProfile YAML/JSON or a .jsonl trace (default: sample)"
-    )
-    parser.add_argument(
-        "--experiment-timeout",
-        default="10m",
-        metavar="DURATION",
-        help="per experiment, e.g. 90s or 10m (default 10m)",
-    )
+    measurement.add_flags(parser)  # the same measurement flags and defaults as polymorph compile
     parser.add_argument(
         "--store",
         metavar="PATH_OR_URI",
         help="artifact store for build ids (default $POLYMORPH_STORE or ./.polymorph/store)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="measured benchmark passes per build (default 3)"
+        "--warmup", type=integer(0, 100), default=1, help="unmeasured warm-up passes per build (default 1)"
     )
     parser.add_argument(
-        "--warmup", type=int, default=1, help="unmeasured warm-up passes per build (default 1)"
+        "--seed", type=integer(0), default=0, help="seed for random weights, workload and prompts (default 0)"
     )
-    parser.add_argument(
-        "--threads", type=int, help="CPU threads for torch in the worker (default: torch's choice)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed for random weights, workload and prompts")
     parser.add_argument("--json", action="store_true", help="print one ExperimentRecord JSON per line")
-
-
-def _timeout(text: str) -> float:
-    """Seconds in ``--experiment-timeout``: the one duration syntax (``polymorph.api.parse_duration``)."""
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise UsageError(f"--experiment-timeout: {exc}.") from None
 
 
 def _check_requirements(builds: list[Path], knobs: dict[str, str]) -> None:
@@ -161,27 +140,15 @@ def _workdir() -> Iterator[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    timeout = _timeout(args.experiment_timeout)
     knobs = _knobs(args.knob)
     device = _device(args.device)
     parse_dtype(args.dtype)  # a UsageError names the allowed values
     model = _model(args.model)
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be >= 1; got {args.repeats}.")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be >= 1; got {args.threads}.")
-    if args.threads is not None and args.threads > MAX_THREADS:
-        raise UsageError(f"--threads must be at most {MAX_THREADS}; got {args.threads}.")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0; got {args.warmup}.")
-    workload = (
-        load_workload(args.workload, seed=args.seed)
-        if args.workload
-        else workload_from_profile(DEFAULT_WORKLOAD, seed=args.seed)
-    )
+    replay = measurement.campaign_workload(args.workload, device, seed=args.seed)
     records: list[ExperimentRecord] = []
     with _workdir() as work:
         builds = [_resolve_build(arg, args.store, work / "store-cache") for arg in args.build]
+        against = _resolve_build(args.against, args.store, work / "store-cache") if args.against else None
         if knobs:
             _check_requirements(builds, knobs)
             try:
@@ -193,24 +160,33 @@ def run(args: argparse.Namespace) -> int:
             model,
             device,
             args.dtype,
-            workload,
-            experiment_timeout=timeout,
+            replay.workload,
+            experiment_timeout=args.experiment_timeout,
             seed=args.seed,
             settings=settings,
-            threads=args.threads,
+            fit=replay.fit_on_device,  # CPU workloads are fitted with measurement.CPU_SCALE, as compile's
+            threads=measurement.worker_threads(args.threads, device),
         )
         try:
             with supervisor:
                 for build in builds:
-                    record = supervisor.run(build)
+                    record = supervisor.run(build, against=against)
                     records.append(record)
                     if args.json:
                         print(record.model_dump_json(), flush=True)
         except WorkerStartError as exc:
             raise UsageError(str(exc)) from None
     if not args.json:
+        if replay.scale_note:
+            print(replay.scale_note)
         _print_table(records, supervisor.stats)
     return 0 if all(r.status == "passed" for r in records) else 1
+
+
+def _speedup(record: ExperimentRecord) -> str:
+    """``1.43x [1.40, 1.46] (9 pairs)`` for a paired record, else ``-``."""
+    c = record.comparison
+    return f"{c.ratio:.2f}x [{c.lo:.2f}, {c.hi:.2f}] ({c.pairs} pairs)" if c else "-"
 
 
 def _print_table(records: list[ExperimentRecord], stats: SupervisorStats) -> None:
@@ -223,6 +199,8 @@ def _print_table(records: list[ExperimentRecord], stats: SupervisorStats) -> Non
         "logit err",
         "out tok/s",
         "noise",
+        "baseline",
+        "speedup",
         "ttft p50",
         "itl p50",
         "time s",
@@ -239,6 +217,8 @@ def _print_table(records: list[ExperimentRecord], stats: SupervisorStats) -> Non
                 f"{v.logitError:.1e}" if v else "-",
                 f"{f.outputTokensPerSecond:.1f}" if f else "-",
                 f"{f.noise:.0%}" if f else "-",
+                f"{r.comparison.baseline.outputTokensPerSecond:.1f}" if r.comparison else "-",
+                _speedup(r),
                 f"{f.ttftP50Ms:.2f}ms" if f else "-",
                 f"{f.itlP50Ms:.2f}ms" if f else "-",
                 f"{r.timings.totalS:.3f}",

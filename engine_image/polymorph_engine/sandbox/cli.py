@@ -22,6 +22,8 @@ from types import FrameType
 from polymorph.api import parse_duration
 from polymorph.compile.job import SPEC_ENV, read_compilejob, workload_identity
 from polymorph.errors import UsageError
+from polymorph.inputs import integer
+from polymorph.measurement import DEFAULT_REPEATS, MAX_REPEATS
 from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
@@ -38,16 +40,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model shape or checkpoint dir (default: spec.model.uri)")
     parser.add_argument("--workload", metavar="FILE", help="workload file overriding spec.workload")
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"admin port on 127.0.0.1 (default {DEFAULT_PORT})"
+        "--port",
+        type=integer(1, 65535),
+        default=DEFAULT_PORT,
+        help=f"admin port on 127.0.0.1 (default {DEFAULT_PORT})",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     parser.add_argument(
         "--dtype", help="float32, bfloat16 or float16 (default: spec.model.dtype, else float32)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=5, help="measured benchmark passes per experiment (default 5)"
+        "--repeats",
+        type=integer(2, MAX_REPEATS),
+        default=DEFAULT_REPEATS,
+        help=f"least measured benchmark passes per experiment, at least 2 (default {DEFAULT_REPEATS})",
     )
-    parser.add_argument("--workdir", metavar="DIR", help="writable scratch folder for unpacked builds")
+    parser.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="writable scratch folder for unpacked builds (default: a temporary one)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,10 +81,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         profile, _ = workload_identity(spec)
         workload = workload_from_profile(profile or DEFAULT_WORKLOAD)  # profile is None only for traces
-    if args.repeats < 2:
-        raise UsageError(f"--repeats must be at least 2 so noise can be measured; got {args.repeats}")
-    if not 0 < args.port < 65536:
-        raise UsageError(f"--port must be from 1 to 65535; got {args.port}")
     supervisor = Supervisor(
         model,
         device=args.device,

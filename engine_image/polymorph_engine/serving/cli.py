@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
@@ -29,7 +28,8 @@ from types import FrameType
 
 from polymorph.builds import resolve_build_arg
 from polymorph.errors import BuildError, StoreError, UsageError
-from polymorph.store import Store, build_id, open_store
+from polymorph.inputs import duration, integer, name, number
+from polymorph.store import Store, build_id, check_writable, open_store, workload_prefix
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving.metrics import ServerMetrics
@@ -50,63 +50,104 @@ def configure(parser: argparse.ArgumentParser) -> None:
         description="Serve OpenAI-compatible /v1/completions, /v1/models, /healthz, /readyz and /metrics.",
     )
     serve.add_argument(
-        "--model", required=True, help="model shape (tiny, llama-1b, ...) or checkpoint directory"
+        "--model", required=True, help="model shape (tiny, llama-1b, ...) or checkpoint directory (required)"
     )
     serve.add_argument(
         "--build",
         default="reference",
         metavar="DIR_OR_ID",
-        help="a build directory, 'reference', or sha256:<hex>",
+        help="a build directory, 'reference', or sha256:<hex> from --store (default reference)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    serve.add_argument("--dtype", default="auto", help="float32, bfloat16, float16, or auto (float32 on cpu)")
-    serve.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
+    serve.add_argument(
+        "--port",
+        type=integer(0, 65535),
+        default=8000,
+        help="port to listen on, 0 for any free one (default 8000)",
+    )
+    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    serve.add_argument(
+        "--dtype",
+        default="auto",
+        help="float32, bfloat16, float16, or auto: float32 on cpu, else bfloat16 (default auto)",
+    )
+    serve.add_argument(
+        "--max-batch", type=integer(1, MAX_BATCH), default=8, help="requests decoded together (default 8)"
+    )
     serve.add_argument(
         "--max-queue",
-        type=int,
+        type=integer(0, MAX_QUEUE),
         default=DEFAULT_MAX_QUEUE,
         help=f"requests admitted beyond the batch, waiting for a slot; more get 503 (default {DEFAULT_MAX_QUEUE})",
     )
     serve.add_argument(
         "--max-seq-len",
-        type=int,
+        type=integer(2, MAX_SEQ_LEN),
         default=None,
         help=f"tokens per sequence, prompt included (default: the model's, at most {DEFAULT_MAX_SEQ_LEN})",
     )
     serve.add_argument(
         "--model-deployment",
-        default=os.environ.get("POLYMORPH_MODEL_DEPLOYMENT", ""),
+        type=name("a ModelDeployment name"),
+        default=os.environ.get("POLYMORPH_MODEL_DEPLOYMENT") or None,
         metavar="NAME",
-        help="ModelDeployment name: a served model name and the model_deployment metric label",
+        help="ModelDeployment name: a served model name and the model_deployment metric label "
+        "(default $POLYMORPH_MODEL_DEPLOYMENT, else none)",
     )
     serve.add_argument(
         "--track",
+        choices=("stable", "canary"),
         default=os.environ.get("POLYMORPH_TRACK", "stable"),
-        help="stable or canary: the track metric label the rollout analysis compares (default $POLYMORPH_TRACK or stable)",
+        help="the track metric label the rollout analysis compares (default $POLYMORPH_TRACK, else stable)",
     )
     serve.add_argument(
         "--namespace",
+        type=name("a namespace name"),
         default=os.environ.get("POD_NAMESPACE", "default"),
-        help="namespace for trace keys (default $POD_NAMESPACE or 'default')",
-    )
-    serve.add_argument("--store", metavar="PATH_OR_URI", help="artifact store for build ids and traces")
-    serve.add_argument(
-        "--trace-sample-rate", type=float, default=0.0, metavar="F", help="fraction of requests traced (0..1)"
+        help="namespace for trace keys (default $POD_NAMESPACE, else default)",
     )
     serve.add_argument(
-        "--trace-flush-interval", type=float, default=300.0, metavar="S", help="seconds between trace flushes"
+        "--store",
+        metavar="PATH_OR_URI",
+        help="artifact store for build ids and traces; checked writable when traces are sampled (default none)",
+    )
+    serve.add_argument(
+        "--trace-sample-rate",
+        type=number(0, 1),
+        default=0.0,
+        metavar="F",
+        help="fraction of requests whose shape is traced, 0 to 1; needs --store (default 0: none)",
+    )
+    serve.add_argument(
+        "--trace-flush-interval",
+        type=duration(),
+        default="5m",
+        metavar="DURATION",
+        help="time between trace writes to --store (default 5m)",
     )
     serve.add_argument(
         "--shutdown-grace",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="seconds running requests get on SIGTERM",
+        type=duration(allow_zero=True),
+        default="30s",
+        metavar="DURATION",
+        help="how long running requests may finish on SIGTERM (default 30s)",
     )
-    serve.add_argument("--seed", type=int, default=0, help="seed for random weights (shape models)")
-    serve.add_argument("--build-cache", metavar="DIR", help="where builds fetched from --store are unpacked")
+    serve.add_argument(
+        "--seed",
+        type=integer(0, 2**63 - 1),
+        default=0,
+        help="seed for random weights of shape models (default 0)",
+    )
+    serve.add_argument(
+        "--build-cache",
+        metavar="DIR",
+        help="where builds fetched from --store are unpacked (default: a temporary directory)",
+    )
+
+
+MAX_BATCH = 4096
+MAX_QUEUE = 1_000_000
+MAX_SEQ_LEN = 1 << 20
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
 
     store = _open_store(args.store) if args.store or args.build.startswith("sha256:") else None
+    if store is not None and args.trace_sample_rate > 0:  # a trace it cannot write is refused now
+        check_writable(store, "--store", args.store, prefix=workload_prefix(args.namespace, _md(args)))
     try:  # the port is taken before the model loads, so a bad one costs nothing
         server = EngineServer(args.host, args.port)
     except OSError as exc:
@@ -131,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a build's load() raising is a bad build, not an engine bug
         raise UsageError(f"--build {args.build}: its load() failed: {type(exc).__name__}: {exc}.") from None
     sampler = TraceSampler(args.trace_sample_rate) if args.trace_sample_rate > 0 else None
+    metrics = ServerMetrics(build, args.model_deployment or "", args.track)
+    if sampler is not None:
+        metrics.trace_enabled()
     names = [n for n in (args.model_deployment, args.model) if n]
     service = CompletionService(
         hotpath,
@@ -141,13 +187,13 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_seq_len=max_seq_len,
         model_names=list(dict.fromkeys(names)),
-        metrics=ServerMetrics(build, args.model_deployment, args.track),
+        metrics=metrics,
         trace=sampler,
         device=str(model.device),
         max_queue=args.max_queue,
     )
     server.service = service
-    flusher = _TraceFlusher(sampler, store, args.namespace, args.model_deployment or "default")
+    flusher = _TraceFlusher(sampler, store, args.namespace, _md(args), metrics)
     stopping = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -171,36 +217,31 @@ def run(args: argparse.Namespace) -> int:
         server.close()  # streams write their last events, then the socket goes
         flusher.stop()
         hotpath.close()
+    dropped = metrics.trace_counts().get("dropped", 0)
+    if dropped:
+        print(
+            f"polymorph engine: stopped; the traces of {dropped} sampled requests could not be written "
+            f"to {store.uri if store else '--store'} (last error: {metrics.trace_error})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     print("polymorph engine: stopped", file=sys.stderr, flush=True)
     return 0
 
 
+def _md(args: argparse.Namespace) -> str:
+    """The ModelDeployment a trace is filed under."""
+    return str(args.model_deployment or "default")
+
+
 def _check_flags(args: argparse.Namespace) -> None:
-    if not 0 < args.port < 65536 and args.port != 0:
-        raise UsageError(f"--port must be from 1 to 65535, got {args.port}.")
+    """What argparse's types cannot see alone: flags that depend on each other, and defaults from
+    the environment (argparse checks no default against ``choices``)."""
     if args.track not in ("stable", "canary"):
-        raise UsageError(f"--track must be stable or canary, got {args.track!r}.")
-    if args.max_batch < 1:
-        raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}.")
-    if args.max_queue < 0:
-        raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}.")
-    if args.max_seq_len is not None and args.max_seq_len < 2:
-        raise UsageError(f"--max-seq-len must be at least 2, got {args.max_seq_len}.")
-    for flag, value in (
-        ("--trace-sample-rate", args.trace_sample_rate),
-        ("--trace-flush-interval", args.trace_flush_interval),
-        ("--shutdown-grace", args.shutdown_grace),
-    ):
-        if not math.isfinite(value):
-            raise UsageError(f"{flag} must be a finite number, got {value}.")
-    if not 0.0 <= args.trace_sample_rate <= 1.0:
-        raise UsageError(f"--trace-sample-rate must be between 0 and 1, got {args.trace_sample_rate}.")
+        raise UsageError(f"--track (or $POLYMORPH_TRACK) must be stable or canary, got {args.track[:40]!r}.")
     if args.trace_sample_rate > 0 and not args.store:
         raise UsageError("--trace-sample-rate needs --store, where the trace is written.")
-    if not args.trace_flush_interval > 0:
-        raise UsageError(f"--trace-flush-interval must be > 0 seconds, got {args.trace_flush_interval}.")
-    if args.shutdown_grace < 0:
-        raise UsageError(f"--shutdown-grace must be >= 0 seconds, got {args.shutdown_grace}.")
 
 
 def _open_store(uri: str | None) -> Store:
@@ -225,8 +266,14 @@ class _TraceFlusher:
     """Flushes the sampled trace to the store on an interval and once more at ``stop()``."""
 
     def __init__(
-        self, sampler: TraceSampler | None, store: Store | None, namespace: str, model_deployment: str
+        self,
+        sampler: TraceSampler | None,
+        store: Store | None,
+        namespace: str,
+        model_deployment: str,
+        metrics: ServerMetrics,
     ) -> None:
+        self.metrics = metrics
         self.sampler = sampler
         self.store = store
         self.namespace = namespace
@@ -237,11 +284,21 @@ class _TraceFlusher:
     def flush(self) -> str | None:
         if self.sampler is None or self.store is None:
             return None
+        kept = len(self.sampler)
         try:
-            return flush_trace(self.sampler, self.store, self.namespace, self.model_deployment)
+            key = flush_trace(self.sampler, self.store, self.namespace, self.model_deployment)
         except (StoreError, OSError) as exc:  # losing one trace batch must not stop serving
-            print(f"polymorph engine: could not write the traffic trace: {exc}", file=sys.stderr, flush=True)
+            reason = f"{type(exc).__name__}: {exc}"[:300]
+            self.metrics.trace_written(kept, error=reason)  # /metrics and /readyz show the loss
+            print(
+                f"polymorph engine: could not write the traces of {kept} sampled requests: {reason}",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
+        if key is not None:
+            self.metrics.trace_written(kept)
+        return key
 
     def start(self, interval_s: float) -> None:
         if self.sampler is None:

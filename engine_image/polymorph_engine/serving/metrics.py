@@ -19,6 +19,11 @@ Exposed families (the operator's PromQL depends on these names):
   and ``cancelled`` series exist from the start (at 0); ``polymorph_prompt_tokens_total``,
   ``polymorph_generation_tokens_total``;
 - gauge ``polymorph_requests_in_flight``;
+- counter ``polymorph_http_protocol_errors_total{reason}``: requests refused before routing
+  because the client broke HTTP itself (``headers_too_large``: 431, ``bad_http``: 400);
+- counters ``polymorph_trace_requests_total{outcome}`` (``written`` to the store, or ``dropped``
+  because a write failed) and ``polymorph_trace_write_errors_total``, when traces are sampled:
+  a trace that is lost is never silent;
 - histogram ``polymorph_decode_batch_size`` (requests per decode step; shows batching at work).
 
 The histogram and the counter of prompt tokens share a stem, which the stock metric classes
@@ -126,6 +131,10 @@ class ServerMetrics:
         self._series: dict[str, _Series] = {build: _Series()}
         self._in_flight = 0
         self._batch = HistogramData(BATCH_BUCKETS)
+        self._protocol_errors: dict[str, int] = {}
+        self._trace: dict[str, int] | None = None
+        self.trace_error: str | None = None
+        """The last trace write's failure, or None once a write succeeds."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_Collector(self))
 
@@ -180,6 +189,35 @@ class ServerMetrics:
             s = self._series[self._build]
             s.outcomes[key] = s.outcomes.get(key, 0) + 1
 
+    def protocol_error(self, reason: str) -> None:
+        """Count a request refused before routing because it broke HTTP (malformed, headers too large)."""
+        with self._lock:
+            self._protocol_errors[reason] = self._protocol_errors.get(reason, 0) + 1
+
+    def protocol_errors(self, reason: str) -> int:
+        with self._lock:
+            return self._protocol_errors.get(reason, 0)
+
+    def trace_enabled(self) -> None:
+        """Traces are sampled: expose their counters (at 0) from now on."""
+        with self._lock:
+            self._trace = self._trace or {"written": 0, "dropped": 0, "write_errors": 0}
+
+    def trace_written(self, requests: int, error: str | None = None) -> None:
+        """Record one trace write of ``requests`` sampled requests: stored, or lost with ``error``."""
+        with self._lock:
+            trace = self._trace = self._trace or {"written": 0, "dropped": 0, "write_errors": 0}
+            if error is None:
+                trace["written"] += requests
+            else:
+                trace["dropped"] += requests
+                trace["write_errors"] += 1
+            self.trace_error = error
+
+    def trace_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._trace or {})
+
     def count(self, status: str, reason: str | None = None) -> int:
         """Requests of the current build by ``status`` (and ``reason`` when given)."""
         with self._lock:
@@ -196,6 +234,8 @@ class ServerMetrics:
             in_flight = self._in_flight
             current = self._build
             batch = HistogramData(self._batch.bounds, list(self._batch.counts), self._batch.total)
+            protocol = dict(self._protocol_errors)
+            trace = dict(self._trace) if self._trace is not None else None
         md, tr = self.model_deployment, self.track
         labels = ["build", "model_deployment", "track"]
         hists = [
@@ -235,6 +275,30 @@ class ServerMetrics:
         gauge = GaugeMetricFamily("polymorph_requests_in_flight", "Requests being served now.", labels=labels)
         gauge.add_metric([current, md, tr], in_flight)
         yield gauge
+        bad = CounterMetricFamily(
+            "polymorph_http_protocol_errors",
+            "Requests refused before routing because the client broke HTTP, by reason.",
+            labels=["model_deployment", "track", "reason"],
+        )
+        for reason, n in sorted(protocol.items()):
+            bad.add_metric([md, tr, reason], n)
+        yield bad
+        if trace is not None:
+            traced = CounterMetricFamily(
+                "polymorph_trace_requests",
+                "Sampled request shapes, by whether their trace was written to the store or dropped.",
+                labels=["model_deployment", "track", "outcome"],
+            )
+            traced.add_metric([md, tr, "written"], trace["written"])
+            traced.add_metric([md, tr, "dropped"], trace["dropped"])
+            yield traced
+            errors = CounterMetricFamily(
+                "polymorph_trace_write_errors",
+                "Trace writes the store refused.",
+                labels=["model_deployment", "track"],
+            )
+            errors.add_metric([md, tr], trace["write_errors"])
+            yield errors
 
 
 def _copy(s: _Series) -> _Series:

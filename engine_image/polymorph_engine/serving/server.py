@@ -43,7 +43,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.client_exceptions import ClientPayloadError
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, parse_completion_request
@@ -52,8 +53,11 @@ from polymorph_engine.serving.service import Completion, CompletionService
 __all__ = [
     "BACKLOG",
     "BODY_TIMEOUT_S",
+    "IDLE_TIMEOUT_S",
     "MAX_ADMIN_BODY",
     "MAX_COMPLETION_BODY",
+    "MAX_HEADERS",
+    "MAX_HEADER_BYTES",
     "AdminRoutes",
     "EngineServer",
     "bind",
@@ -68,6 +72,12 @@ MAX_ADMIN_BODY = 64 * 1024 * 1024  # admin calls carry build archives
 BODY_TIMEOUT_S = 30.0
 BACKLOG = 2048
 """Pending connections the kernel queues before accept: far above any burst a pod sees."""
+IDLE_TIMEOUT_S = 15.0
+"""A connection must finish a request's headers within this long of opening, or of its last
+answer; an idle or half-sent connection is closed then (aiohttp's own default is an hour)."""
+MAX_HEADER_BYTES = 8190
+"""The longest request line or header field; a longer one, or more than ``MAX_HEADERS``, is 431."""
+MAX_HEADERS = 128
 
 
 class AdminRoutes(Protocol):
@@ -169,6 +179,9 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         body: dict[str, Any] = {"status": "ready" if ready else "not ready"}
         if service is not None:
             body["build"] = service.build_id
+            trace = service.metrics.trace_counts()
+            if trace:  # traces are sampled: whether they reach the store (serving goes on either way)
+                body["trace"] = {**trace, "lastError": service.metrics.trace_error}
         return _json(200 if ready else 503, body)
 
     async def metrics(_: web.Request) -> web.Response:
@@ -276,6 +289,69 @@ def _usage(params: CompletionParams, completion: Completion) -> dict[str, int]:
     }
 
 
+def protocol_refusal(exc: BaseException | None) -> RequestError:
+    """What a request that broke HTTP itself gets: 431 for headers too large, else 400.
+
+    The sentence names the limit, never the client's bytes (aiohttp's own messages echo them).
+    """
+    if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
+        return RequestError(
+            f"the request line or headers are too large: at most {MAX_HEADERS} headers of at most "
+            f"{MAX_HEADER_BYTES} bytes each.",
+            status=431,
+            code="headers_too_large",
+        )
+    kind = type(exc).__name__ if exc is not None else "BadHttpMessage"
+    return RequestError(f"the request is not valid HTTP/1.1 ({kind}).", status=400, code="bad_http")
+
+
+class _ProtocolHandler(RequestHandler):
+    """aiohttp's connection handler, with the engine's answer to a request that broke HTTP: the
+    OpenAI error JSON (431 or 400), one log line without the client's bytes, and a count in
+    ``polymorph_http_protocol_errors_total`` (aiohttp's own logs a traceback and answers text)."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        err = protocol_refusal(exc)
+        metrics = getattr(self._manager, "protocol_metrics", None)
+        if metrics is not None:
+            metrics.protocol_error(err.reason)
+        log.info("refused a request from %s: %s (%s)", request.remote, err.reason, type(exc).__name__)
+        response = _error(err)
+        response.force_close()
+        return response
+
+
+class _ProtocolServer(web.Server):
+    """Makes ``_ProtocolHandler`` connections; ``protocol_metrics`` counts their refusals."""
+
+    protocol_metrics: Any = None
+
+    def __call__(self) -> RequestHandler:
+        return _ProtocolHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    def __init__(self, app: web.Application, metrics: Any, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._protocol_metrics = metrics
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _ProtocolServer  # same layout: only __call__ and one class attribute differ
+        server.protocol_metrics = self._protocol_metrics  # type: ignore[attr-defined]
+        return server
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (``OSError`` when it cannot be had)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -324,8 +400,15 @@ class EngineServer:
         failure: list[BaseException] = []
 
         async def setup() -> None:
-            runner = web.AppRunner(
-                make_app(self.service, self.admin), handler_cancellation=True, access_log=None
+            runner = _Runner(
+                make_app(self.service, self.admin),
+                self.service.metrics if self.service is not None else None,
+                handler_cancellation=True,
+                access_log=None,
+                keepalive_timeout=IDLE_TIMEOUT_S,
+                max_line_size=MAX_HEADER_BYTES,
+                max_field_size=MAX_HEADER_BYTES,
+                max_headers=MAX_HEADERS,
             )
             await runner.setup()
             await web.SockSite(runner, self._sock, shutdown_timeout=grace_s, backlog=BACKLOG).start()

@@ -31,6 +31,7 @@ from polymorph.api.common import (
     StatusModel,
     StrictModel,
     WorkloadProfile,
+    format_duration,
     parse_duration,
 )
 from polymorph.api.compilejob import (
@@ -143,5 +144,6 @@ __all__ = [
     "Verification",
     "WorkloadProfile",
     "WorkloadSpec",
+    "format_duration",
     "parse_duration",
 ]

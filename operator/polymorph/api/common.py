@@ -31,10 +31,10 @@ from polymorph.api.rules import (
 )
 from polymorph.api.rules import Rule, add_rules, cel_strictly_increasing, check_rules, strictly_increasing
 
-_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d)$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 BUILD_ID_PATTERN = r"^(reference|sha256:[0-9a-f]{64})$"
-DURATION_PATTERN = r"^[1-9][0-9]*(s|m|h|d)$"
+DURATION_PATTERN = r"^[1-9][0-9]*(ms|s|m|h|d)$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """A Kubernetes DNS-1123 label: lowercase letters, digits and '-', starting and ending alphanumeric."""
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -68,28 +68,48 @@ MAX_DURATION_S = 366 * 86400
 
 
 def parse_duration(value: str) -> float:
-    """Seconds in a duration such as ``30s``, ``10m``, ``6h`` or ``1d``: the one duration syntax.
+    """Seconds in a duration such as ``500ms``, ``30s``, ``10m``, ``6h`` or ``1d``: the one duration syntax.
 
-    Manifests and every command-line flag use it: a positive whole number, then a unit, at most
-    ``366d``. ``ValueError`` (one sentence saying what is allowed) otherwise.
+    Manifests, every command-line flag and the chart's values use it: a positive whole number,
+    then a unit ``ms``, ``s``, ``m``, ``h`` or ``d``, at most ``366d``. ``ValueError`` (one
+    sentence saying what is allowed, with a hint for the near misses) otherwise.
     """
     text = value if isinstance(value, str) else ""
     match = _DURATION.match(text) if len(text) <= 24 else None
     if match is None:
-        shown = shown_duration(value)
-        hint = ""
-        if text.startswith("-") or (re.fullmatch(r"0*(\.0*)?(s|m|h|d)?", text) and "0" in text):
-            hint = " (durations must be positive)"
-        elif re.fullmatch(r"[0-9]+", text):
-            hint = f" (add a unit: {text}s)"
-        raise ValueError(
-            f"{shown} is not a duration{hint}; use a positive whole number with unit s, m, h or d, "
-            "e.g. 30s, 10m, 6h, 1d"
-        )
+        raise ValueError(f"{shown_duration(value)} is not a duration{_hint(text)}; {DURATION_RULE}")
     seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if seconds > MAX_DURATION_S:
         raise ValueError(f"{shown_duration(value)} is longer than the longest duration allowed, 366d")
     return float(seconds)
+
+
+DURATION_RULE = "use a positive whole number with unit ms, s, m, h or d, e.g. 500ms, 30s, 10m, 6h, 1d"
+"""What a duration is, in the words every refusal uses."""
+
+
+def _hint(text: str) -> str:
+    """What the near miss ``text`` should have been, in parentheses, or ``""``."""
+    if text.startswith("-") or (re.fullmatch(r"0*(\.0*)?(ms|s|m|h|d)?", text) and "0" in text):
+        return " (durations must be positive)"
+    if re.fullmatch(r"[0-9]{1,12}", text):
+        return f" (add a unit: {int(text)}s)"
+    number = re.fullmatch(r"([0-9]{0,12}\.[0-9]{1,6})(s?)", text)
+    if number and float(number.group(1)) > 0:
+        millis = float(number.group(1)) * 1000
+        if millis == int(millis):
+            return f" (whole numbers only: {int(millis)}ms)"
+    return ""
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` in the duration syntax, exactly (``600.0`` -> ``10m``, ``0.5`` -> ``500ms``)."""
+    millis = round(seconds * 1000)
+    for unit in ("d", "h", "m", "s"):
+        size = int(_UNIT_SECONDS[unit] * 1000)
+        if millis % size == 0:
+            return f"{millis // size}{unit}"
+    return f"{millis}ms"
 
 
 def shown_duration(value: str) -> str:
@@ -108,7 +128,7 @@ Duration = Annotated[
     Field(pattern=DURATION_PATTERN, json_schema_extra={"example": "10m"}),
     AfterValidator(_check_duration),
 ]
-"""A duration string: a positive integer with unit s, m, h or d, at most 366d."""
+"""A duration string: a positive integer with unit ms, s, m, h or d, at most 366d."""
 
 BuildId = Annotated[str, Field(pattern=BUILD_ID_PATTERN)]
 """``reference`` or ``sha256:<64 lowercase hex>``."""

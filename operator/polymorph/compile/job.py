@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from polymorph.api import API_VERSION, CompileJob, CompileJobSpec, WorkloadProfile
 from polymorph.errors import UsageError
+from polymorph.inputs import read_text
 from polymorph.validate import load_yaml, validate_document
 from polymorph.workload import DEFAULT_WORKLOAD
 
@@ -32,10 +32,7 @@ def read_compilejob(
     """``(spec, metadata)`` from ``path`` or ``$POLYMORPH_COMPILEJOB``; a UsageError names the field."""
     env = os.environ if env is None else env
     if path:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read the CompileJob spec file {path}: {exc.strerror or exc}") from None
+        text = read_text(path, "the CompileJob spec file")  # bounded, UTF-8
         where = path
     elif env.get(SPEC_ENV, "").strip():
         text, where = env[SPEC_ENV], f"${SPEC_ENV}"

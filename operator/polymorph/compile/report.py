@@ -17,6 +17,7 @@ It knows nothing about how campaigns run; it only formats what they return.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, TextIO
 
@@ -140,9 +141,10 @@ def render_report(
     stats: WorkerStats | None,
     store: Store,
     paths: CampaignPaths,
-    store_arg: str | None,
+    rerun: Callable[[str], str] | None = None,
 ) -> None:
-    """Print the human report on stdout."""
+    """Print the human report on stdout. ``rerun(build)`` is the command line that measures
+    ``build`` again as the campaign did, paired with its baseline (the "run again" line)."""
     doc = final_json(outcome, stats, store, paths)
     out = sys.stdout
     metric = doc["objective"]
@@ -175,8 +177,8 @@ def render_report(
         print(f"stored     {best['uri']}", file=out)
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(best["knobs"].items()))
         print(f"knobs      {knobs}", file=out)
-        store_flag = f" --store {store_arg}" if store_arg else ""
-        print(f"run again  polymorph experiment --build {best['build']}{store_flag}", file=out)
+        if rerun is not None:
+            print(f"run again  {rerun(best['build'])}", file=out)
     else:
         print(f"result     {doc['message']}", file=out)
     o = doc["overhead"]

@@ -3,7 +3,8 @@
 It holds the Anthropic key (Claude agents) and the store credentials. It reads the CompileJob
 (``polymorph.compile.job``: ``--spec FILE`` or ``$POLYMORPH_COMPILEJOB``, a whole object with
 metadata, or a bare spec with ``--name``), waits for the engine container, drives it through
-``runner.RemoteRunner``, and writes the ledger, progress and result under
+``runner.RemoteRunner``, and writes the ledger, progress, result and ``report.html``
+(``report_html``, over every sandbox's ledger so far) under
 ``compilejobs/<ns>/<name>-<uid>/`` in the store (``--store`` or ``$POLYMORPH_STORE``). Its share
 is ``$JOB_COMPLETION_INDEX`` (or ``--index``) of ``spec.budget.sandboxes``. It never loads the
 model or imports torch. It prints a JSON summary on stdout; its exit status is
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from polymorph.api import parse_duration
 from polymorph.builds import REFERENCE_BUILD
+from polymorph.compile import report_html
 from polymorph.compile.agents import make_agent
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.job import SPEC_ENV, read_compilejob, sandbox_index, workload_identity
@@ -33,6 +35,7 @@ from polymorph.compile.report import Display
 from polymorph.compile.runner import RemoteRunner
 from polymorph.compile.selection import budget_share
 from polymorph.errors import StoreError, UsageError
+from polymorph.inputs import duration, http_url, integer, read_text
 from polymorph.store import open_store
 
 __all__ = ["DEFAULT_PORT", "configure", "run"]
@@ -43,26 +46,36 @@ DEFAULT_PORT = 8471
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", metavar="FILE", help=f"the CompileJob, JSON or YAML (default ${SPEC_ENV})")
-    parser.add_argument("--name", help="campaign name when the spec has no metadata")
+    parser.add_argument("--name", help="campaign name when the spec has no metadata (default: metadata.name)")
     parser.add_argument(
         "--namespace", help="namespace when the spec has no metadata (default: metadata, else default)"
     )
     parser.add_argument("--uid", help="campaign uid (default: metadata.uid, else a hash of the spec)")
     parser.add_argument(
-        "--engine-url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help="the engine's admin API"
+        "--engine-url",
+        type=http_url,
+        default=f"http://127.0.0.1:{DEFAULT_PORT}",
+        help=f"the engine's admin API (default http://127.0.0.1:{DEFAULT_PORT})",
     )
     parser.add_argument("--store", metavar="PATH_OR_URI", help="artifact store (default $POLYMORPH_STORE)")
     parser.add_argument(
-        "--index", type=int, help="this sandbox's index (default $JOB_COMPLETION_INDEX, else 0)"
+        "--index", type=integer(0, 63), help="this sandbox's index (default $JOB_COMPLETION_INDEX, else 0)"
     )
     parser.add_argument(
-        "--api-key-file", metavar="FILE", help="file holding the Anthropic API key (Claude agents)"
+        "--api-key-file",
+        metavar="FILE",
+        help="file holding the Anthropic API key for Claude agents (default $POLYMORPH_ANTHROPIC_KEY_FILE, "
+        "else $ANTHROPIC_API_KEY)",
     )
     parser.add_argument(
         "--hardware", help="hardware label for manifests (default: spec.hardware.accelerator)"
     )
     parser.add_argument(
-        "--ready-timeout", type=float, default=900.0, help="seconds to wait for the engine (default 900)"
+        "--ready-timeout",
+        type=duration(),
+        default="15m",
+        metavar="DURATION",
+        help="how long to wait for the engine to load the model (default 15m)",
     )
 
 
@@ -78,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     index = sandbox_index(args.index, spec.budget.sandboxes)
+    if args.api_key_file:  # bounded: a key is a short line
+        read_text(args.api_key_file, "--api-key-file", limit=64 * 1024)
     agent = make_agent(
         spec.agent.kind,
         api_key_file=args.api_key_file,
@@ -123,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         campaign = Campaign(settings, store, runner, on_record=display.on_record, log=display.log)
         display.begin(paths.prefix, len(campaign.ledger))
         outcome = campaign.run(agent)
+    report = report_html.publish(store, paths, outcome.result, spec.budget.sandboxes)  # beside result.json
     summary = {
         "sandbox": index,
         "state": outcome.result.state,
@@ -131,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         "ledger": store.uri_for(paths.ledger(index)),
         "progress": store.uri_for(paths.progress(index)),
         "result": store.uri_for(paths.result),
+        "report": report,
         "best": outcome.result.best.model_dump(mode="json") if outcome.result.best else None,
         "experiments": outcome.progress.counts.model_dump(mode="json"),
     }

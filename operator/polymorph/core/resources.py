@@ -14,6 +14,7 @@ It knows nothing about when children are created or scaled: the rollout decides 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -417,7 +418,7 @@ def sandbox_job(cj: CompileJob, settings: ClusterSettings) -> dict[str, Any]:
             "completions": sandboxes,
             "parallelism": sandboxes,
             "backoffLimit": 2 * sandboxes,
-            "activeDeadlineSeconds": int(parse_duration(spec.budget.deadline)),
+            "activeDeadlineSeconds": max(1, math.ceil(parse_duration(spec.budget.deadline))),  # whole seconds
             "template": {
                 "metadata": {"labels": {LABEL_MANAGED_BY: MANAGED_BY, **labels}},
                 "spec": pod_spec,

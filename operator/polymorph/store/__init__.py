@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from polymorph.store.layout import (
     compilejob_prefix,
     ledger_key,
     progress_key,
+    report_key,
     result_key,
     workload_prefix,
 )
@@ -57,10 +59,12 @@ __all__ = [
     "build_manifest_key",
     "canonical_tar",
     "check_build_id",
+    "check_writable",
     "compilejob_prefix",
     "ledger_key",
     "open_store",
     "progress_key",
+    "report_key",
     "result_key",
     "unpack_build",
     "workload_prefix",
@@ -111,3 +115,20 @@ def open_store(uri: str | None = None, env: Mapping[str, str] | None = None) -> 
             f"store URI {uri!r} uses the unsupported scheme {scheme}://; use a local path or s3://bucket/prefix"
         )
     return LocalStore(Path(uri))
+
+
+def check_writable(
+    store: Store, flag: str, uri: str | None = None, prefix: str = "compilejobs/local"
+) -> None:
+    """Write and delete a probe object under ``prefix``, so a store that is unwritable or unreachable
+    is a one-line ``UsageError`` naming ``flag`` now, not after a model loaded or a trace was lost."""
+    key = f"{prefix}/.probe-{secrets.token_hex(6)}"
+    where = uri or store.uri
+    try:
+        store.put_bytes(key, b"")
+        store.delete(key)
+    except StoreError as exc:
+        raise UsageError(f"{flag} {where} is not usable: {exc}") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{flag} {where} is not writable: {exc.filename or where}: {reason}") from None
