@@ -119,6 +119,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_EXPERIMENTS = 1_000_000
+CAMPAIGN_CPU_SCALE = measurement.CPU_SCALE
+"""The CPU workload caps of a campaign (``polymorph.measurement.CPU_SCALE``; bench scripts read this name)."""
 
 
 @dataclass(frozen=True)
