@@ -5,6 +5,7 @@ Owns the store layout of one compile campaign::
     compilejobs/<ns>/<name>-<uid>/ledger-<i>.jsonl    one ExperimentRecord per line, sandbox i
     compilejobs/<ns>/<name>-<uid>/progress-<i>.json   the progress document of sandbox i
     compilejobs/<ns>/<name>-<uid>/result.json         the campaign's result (best build or none)
+    compilejobs/<ns>/<name>-<uid>/report.html         the result for people (``report_html``)
 
 and the identity of an experiment for resuming: ``(build id, workload hash)``. A ledger is
 append-only; a campaign that is killed and run again reads it back and skips every
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polymorph.api import ExperimentRecord
-from polymorph.store import Store, compilejob_prefix, ledger_key, progress_key, result_key
+from polymorph.store import Store, compilejob_prefix, ledger_key, progress_key, report_key, result_key
 
 __all__ = ["CampaignPaths", "Ledger", "config_uid", "experiment_key"]
 
@@ -73,6 +74,11 @@ class CampaignPaths:
     @property
     def result(self) -> str:
         return result_key(self.namespace, self.name, self.uid)
+
+    @property
+    def report(self) -> str:
+        """``report.html``: the leaderboard and speedup plot (``report_html``)."""
+        return report_key(self.namespace, self.name, self.uid)
 
 
 class Ledger:

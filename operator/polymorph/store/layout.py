@@ -2,7 +2,7 @@
 
 The layout (DESIGN.md):
 - ``builds/<sha256hex>.tar.gz`` and ``builds/<sha256hex>.json`` (a ``BuildManifest``);
-- ``compilejobs/<ns>/<name>-<uid>/ledger-<i>.jsonl``, ``progress-<i>.json``, ``result.json``;
+- ``compilejobs/<ns>/<name>-<uid>/ledger-<i>.jsonl``, ``progress-<i>.json``, ``result.json``, ``report.html``;
 - ``workloads/<ns>/<md>/...`` for captured traffic profiles.
 
 Keys are relative, ``/``-separated and never contain empty, ``.`` or ``..`` segments;
@@ -23,6 +23,7 @@ __all__ = [
     "compilejob_prefix",
     "ledger_key",
     "progress_key",
+    "report_key",
     "result_key",
     "workload_prefix",
 ]
@@ -85,6 +86,11 @@ def progress_key(namespace: str, name: str, uid: str, sandbox: int) -> str:
 def result_key(namespace: str, name: str, uid: str) -> str:
     """The campaign result of a CompileJob: ``.../result.json``."""
     return f"{compilejob_prefix(namespace, name, uid)}result.json"
+
+
+def report_key(namespace: str, name: str, uid: str) -> str:
+    """The campaign's report for people, beside its result: ``.../report.html``."""
+    return f"{compilejob_prefix(namespace, name, uid)}report.html"
 
 
 def workload_prefix(namespace: str, deployment: str) -> str:
