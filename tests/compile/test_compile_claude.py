@@ -200,7 +200,9 @@ def _toy_figures(tps: float, shift: int = 0) -> Figures:
 class ToyRunner:
     """tok/s = 100 x batch, paired with ``against``'s figures when asked."""
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         fig = _toy_figures(100.0 * int(read_build(build_dir).defaults()["batch"]))
         comparison = None
         if against is not None:

@@ -139,7 +139,9 @@ class _SlowRunner:
         self.fail = fail
         self.calls = 0
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         self.calls += 1
         time.sleep(self.delay_s)
         if self.fail:

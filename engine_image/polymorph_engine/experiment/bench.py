@@ -183,13 +183,17 @@ class ReusedCache:
         self.hotpath = hotpath
         self.shape = shape
         self._caches: dict[tuple[int, int], Any] = {}
+        self.prepare_s = 0.0
+        """Seconds spent in the build's ``new_cache`` (graph captures, compiled warm-ups)."""
 
     def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
         key = (max_batch, max_seq_len)
         if self.shape is not None and max_batch <= self.shape[0] and max_seq_len <= self.shape[1]:
             key = self.shape
         if key not in self._caches:
+            started = time.perf_counter()
             self._caches[key] = self.hotpath.new_cache(*key)
+            self.prepare_s += time.perf_counter() - started
         return self._caches[key]
 
     def prefill(self, cache: Any, slot: int, tokens: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ __all__ = [
     "CPU_TIME_CAP",
     "GPU_TARGET",
     "GPU_TIME_CAP",
+    "SCREEN_PASSES",
     "MeasurePolicy",
     "Measurement",
     "PairedMeasurement",
@@ -62,6 +63,15 @@ CPU_TIME_CAP = 2.0
 """Default seconds of measuring per experiment on a CPU (a demo campaign runs 30 in minutes)."""
 GPU_TIME_CAP = 5.0
 """Default seconds of measuring per experiment on an accelerator."""
+
+SCREEN_PASSES = 3
+"""Pairs a screening measurement takes before its interval is judged (``MeasurePolicy.screening``)."""
+SCREEN_WIDTH = 2.5
+"""A screening measurement's target half-width, in multiples of the full one."""
+SCREEN_TIME = 0.4
+"""A screening measurement's time cap, as a fraction of the full one."""
+SCREEN_WARMUP = 4
+"""A screening measurement's warm-up passes at most (per build)."""
 
 LOSING_SLACK = 1.5
 """A surely slower candidate may stop early with an interval up to this many times the target half-width."""
@@ -87,6 +97,19 @@ class MeasurePolicy:
     max_warmup: int = 10
     warmup_tolerance: float = 0.05
     confidence: float = 0.95
+
+    def screening(self) -> MeasurePolicy:
+        """The short protocol for screening many candidates: ``SCREEN_PASSES`` pairs at least, a
+        target ``SCREEN_WIDTH`` times wider, ``SCREEN_TIME`` of the time cap. Its verdicts are
+        ranked like any other; what is kept is raced again by the full protocol."""
+        return replace(
+            self,
+            min_passes=min(self.min_passes, SCREEN_PASSES),
+            min_losing_passes=min(self.min_losing_passes, SCREEN_PASSES - 1),
+            target_half_width=self.target_half_width * SCREEN_WIDTH,
+            time_cap_s=self.time_cap_s * SCREEN_TIME,
+            max_warmup=min(self.max_warmup, SCREEN_WARMUP),
+        )
 
     def __post_init__(self) -> None:
         if self.min_passes < 1:

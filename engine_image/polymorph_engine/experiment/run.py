@@ -42,7 +42,7 @@ from typing import Any, Literal
 import torch
 
 from polymorph.api import ExperimentRecord, Gates
-from polymorph.api.build import PairedComparison, Timings
+from polymorph.api.build import PairedComparison, Timings, Verification
 from polymorph.workload import Workload, fit_workload
 from polymorph_engine.experiment.bench import PassResult, ReusedCache, figures_of, make_prompts, replay
 from polymorph_engine.experiment.measure import (
@@ -51,6 +51,7 @@ from polymorph_engine.experiment.measure import (
     GPU_TARGET,
     GPU_TIME_CAP,
     MeasurePolicy,
+    PairedMeasurement,
     as_wall,
     measure_one,
     measure_paired,
@@ -68,6 +69,7 @@ __all__ = [
     "InProcessRunner",
     "describe_error",
     "fit_for_device",
+    "record_paired",
     "run_experiment",
     "vocab_size_of",
 ]
@@ -183,17 +185,22 @@ def run_experiment(
     settings: BenchSettings = BenchSettings(),
     against: str | Path | None = None,
     slot: BaselineSlot | None = None,
+    screen: bool = False,
+    verified: dict[str, Verification] | None = None,
 ) -> ExperimentRecord:
     """Swap ``build_dir`` into ``engine``, verify and benchmark it; never raises for a bad build.
 
     With ``against``, the benchmark is paired with that build, held in ``slot`` (a temporary
-    slot, released on return, when None).
+    slot, released on return, when None). ``screen``: the short screening protocol
+    (``MeasurePolicy.screening``). ``verified``: verifications that passed in this engine, by
+    build id and knobs; a build found there is not verified again (same code, same golden
+    outputs), and one that passes now is added.
     """
     build_dir = Path(build_dir).resolve()
     started = time.perf_counter()
     timings = Timings()
     record = ExperimentRecord(
-        build="", status="failed", workloadHash=workload.digest, description=description
+        build="", status="failed", workloadHash=workload.digest, description=description, screen=screen
     )
     candidate: ReusedCache | None = None
     own_slot = slot is None and against is not None
@@ -210,9 +217,13 @@ def run_experiment(
         # One cache for verification and the benchmark: the build prepares it (graph captures,
         # compiled warm-ups) once, and the benchmark's warm-up starts from a prepared build.
         candidate = ReusedCache(loaded.hotpath, shape=(workload.concurrency, workload.max_tokens))
+        key = f"{record.build} {sorted((knobs or {}).items())!r}"
+        known = verified.get(key) if verified is not None else None
         t = time.perf_counter()
-        record.verification = verify(candidate, golden, gates, device=device)
+        record.verification = known or verify(candidate, golden, gates, device=device)
         timings.verifyS = time.perf_counter() - t
+        if verified is not None and record.verification.passed:
+            verified[key] = record.verification
         if not record.verification.passed:
             record.status = "rejected"
         else:
@@ -227,7 +238,7 @@ def run_experiment(
                     ) from exc
             t = time.perf_counter()
             warm = slot is not None and slot.warm
-            _benchmark(record, candidate, baseline, warm, workload, settings, engine.model)
+            _benchmark(record, candidate, baseline, warm, workload, settings, engine.model, screen)
             if slot is not None and baseline is not None:
                 slot.warm = True
             timings.benchS = time.perf_counter() - t
@@ -238,6 +249,7 @@ def run_experiment(
         engine.unload()
     finally:
         if candidate is not None:
+            timings.prepareS = candidate.prepare_s
             candidate.release()
         if own_slot and slot is not None:
             slot.close()
@@ -254,6 +266,7 @@ def _benchmark(
     workload: Workload,
     settings: BenchSettings,
     model: LoadedModel,
+    screen: bool = False,
 ) -> None:
     """Measure ``candidate`` (paired with ``baseline``, (build id, hot path), when given) and fill the record's figures.
 
@@ -264,6 +277,8 @@ def _benchmark(
     device = model.device
     prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
     policy = settings.policy(device)
+    if screen:
+        policy = policy.screening()
 
     cpu = settings.cpu_clock(device)
     clock = time.process_time if cpu else time.perf_counter
@@ -285,6 +300,13 @@ def _benchmark(
         # would flatter it, so this comparison is judged by wall time.
         cpu = False
         paired = as_wall(paired, policy.confidence)
+    record_paired(record, against, paired, "cpu" if cpu else "wall")
+
+
+def record_paired(
+    record: ExperimentRecord, against: str, paired: PairedMeasurement, clock: Literal["cpu", "wall"]
+) -> None:
+    """Fill ``record``'s figures and ``comparison`` from a paired measurement against build ``against``."""
     est = paired.estimate
     record.figures = figures_of(paired.candidate, paired.candidate_warmup)
     record.comparison = PairedComparison(
@@ -295,7 +317,7 @@ def _benchmark(
         confidence=est.confidence,
         pairs=est.n,
         halfWidth=est.half_width,
-        clock="cpu" if cpu else "wall",
+        clock=clock,
         baseline=figures_of(paired.baseline, paired.baseline_warmup),
     )
     record.passes, record.halfWidth = est.n, est.half_width
@@ -318,8 +340,11 @@ class InProcessRunner:
         self.golden = golden
         self.settings = settings
         self.slot = BaselineSlot(engine.model)
+        self.verified: dict[str, Verification] = {}
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         return run_experiment(
             self.engine,
             build_dir,
@@ -330,6 +355,8 @@ class InProcessRunner:
             settings=self.settings,
             against=against,
             slot=self.slot,
+            screen=screen,
+            verified=self.verified,
         )
 
     def close(self) -> None:

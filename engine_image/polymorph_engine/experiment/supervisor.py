@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from polymorph.api import ExperimentRecord, Gates, WorkloadProfile
-from polymorph.api.build import Timings
+from polymorph.api.build import Timings, Verification
 from polymorph.builds import read_build
 from polymorph.errors import UsageError
 from polymorph.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
@@ -127,11 +127,27 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps its artifacts across experiments, worker restarts and campaigns:
+    ``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``$POLYMORPH_COMPILE_CACHE``, else
+    ``$XDG_CACHE_HOME/polymorph/inductor`` (``~/.cache``). A candidate whose compilation ran past
+    the experiment timeout keeps what it compiled there, so its retry starts warm."""
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "POLYMORPH_COMPILE_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "polymorph" / "inductor"
+
+
 def _worker_loop(conn: Connection, config: _WorkerConfig) -> None:
-    """The child: load once, then answer ("run", dir, description, against) messages until ("stop",)."""
+    """The child: load once, then answer ("run", dir, description, against, screen) messages until ("stop",)."""
     os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
     try:
         started = time.perf_counter()
+        cache = compile_cache_dir()
+        with contextlib.suppress(OSError):  # unwritable: inductor falls back to its own temp dir
+            cache.mkdir(parents=True, exist_ok=True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
 
         if config.threads is not None:
             torch.set_num_threads(config.threads)
@@ -145,6 +161,7 @@ def _worker_loop(conn: Connection, config: _WorkerConfig) -> None:
         reference = golden(model, prompts, config.verify_steps)
         engine = Engine(model)
         slot = BaselineSlot(model)
+        verified: dict[str, Verification] = {}  # this worker's golden outputs: a restart verifies again
         gates = Gates.model_validate(config.gates)
         conn.send(("ready", time.perf_counter() - started))
     except UsageError as exc:  # a bad model source, device or dtype: already one sentence
@@ -162,7 +179,7 @@ def _worker_loop(conn: Connection, config: _WorkerConfig) -> None:
             slot.close()
             engine.close()
             return
-        _, build_dir, description, against = message
+        _, build_dir, description, against, screen = message
         record = run_experiment(
             engine,
             build_dir,
@@ -173,6 +190,8 @@ def _worker_loop(conn: Connection, config: _WorkerConfig) -> None:
             settings=config.settings,
             against=against,
             slot=slot,
+            screen=screen,
+            verified=verified,
         )
         conn.send(("record", record.model_dump_json()))
 
@@ -336,9 +355,11 @@ class Supervisor:
 
     # -- experiments -------------------------------------------------------------------------
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
-        """Run ``build_dir`` in the hot worker (paired with ``against`` when given); crashes and hangs
-        become records, never exceptions.
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
+        """Run ``build_dir`` in the hot worker (paired with ``against`` when given; by the short
+        screening protocol with ``screen``); crashes and hangs become records, never exceptions.
 
         Raises ``WorkerStartError`` only if a (re)start cannot load the model at all.
         """
@@ -348,7 +369,7 @@ class Supervisor:
         assert self._conn is not None
         started = time.perf_counter()
         try:
-            self._conn.send(("run", str(build_dir), description, against_dir))
+            self._conn.send(("run", str(build_dir), description, against_dir, screen))
             message = self._receive(started + self.experiment_timeout)
         except (BrokenPipeError, OSError):
             message = None
@@ -367,10 +388,12 @@ class Supervisor:
             exitcode = self._process.exitcode if self._process is not None else None
             status, error = "crashed", _death_reason(exitcode)
         self._kill()
-        return self._outside_record(build_dir, status, error + " and will be restarted", description, elapsed)
+        return self._outside_record(
+            build_dir, status, error + " and will be restarted", description, elapsed, screen
+        )
 
     def _outside_record(
-        self, build_dir: Path, status: str, error: str, description: str, elapsed: float
+        self, build_dir: Path, status: str, error: str, description: str, elapsed: float, screen: bool = False
     ) -> ExperimentRecord:
         """A record written by the parent for an experiment whose worker died or hung."""
         record = ExperimentRecord(
@@ -378,6 +401,7 @@ class Supervisor:
             status=status,
             workloadHash=self.workload.digest,
             description=description,
+            screen=screen,
             error=error,
             timings=Timings(totalS=elapsed),
         )

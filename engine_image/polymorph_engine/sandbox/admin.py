@@ -54,6 +54,8 @@ class BuildBody(BaseModel):
     against: str | None = None
     """``POST /admin/experiments`` only: the base64 archive of a build to pair the benchmark with."""
     againstId: str | None = None
+    screen: bool = False
+    """``POST /admin/experiments`` only: measure by the short screening protocol."""
 
 
 _BODY_WORDS = {
@@ -62,6 +64,7 @@ _BODY_WORDS = {
     "description": "description must be a string",
     "against": "against must be the base64 of a canonical build tar.gz",
     "againstId": "againstId must be a build id string (sha256:<64 hex>)",
+    "screen": "screen must be true or false",
 }
 
 
@@ -132,7 +135,9 @@ class SandboxAdmin:
             against_dir, _ = self._unpack(BuildBody(archive=doc.against, id=doc.againstId))
         try:
             with self._run_lock:
-                record = self.runner.run(build_dir, description=doc.description, against=against_dir)
+                record = self.runner.run(
+                    build_dir, description=doc.description, against=against_dir, screen=doc.screen
+                )
                 self.experiments += 1
         except Exception as exc:
             raise RequestError(

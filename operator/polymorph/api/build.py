@@ -109,6 +109,9 @@ class TokenUsage(StrictModel):
 class Timings(StrictModel):
     loadS: float = 0.0
     verifyS: float = 0.0
+    prepareS: float = 0.0
+    """Of ``verifyS`` and ``benchS``: seconds the build spent preparing its caches (CUDA-graph
+    captures, compiled warm-ups per bucket), not running the workload."""
     benchS: float = 0.0
     totalS: float = 0.0
 
@@ -135,6 +138,9 @@ class ExperimentRecord(StrictModel):
     """Measured passes of this build (pairs when paired), after warm-up."""
     halfWidth: float | None = None
     """Relative CI half-width the passes reached: of the paired ratio when paired, else of the median."""
+    screen: bool = False
+    """Measured by the short screening protocol (fewer passes, a wider target interval) rather
+    than the full one; a screening and a full measurement of the same pairing are two experiments."""
     error: str | None = None
     timings: Timings = Field(default_factory=Timings)
     sandbox: int = 0

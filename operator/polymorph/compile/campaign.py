@@ -39,6 +39,7 @@ It knows nothing about how an experiment runs (the runner does) or how agents de
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -62,21 +63,30 @@ from polymorph.compile.documents import (
 )
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.outcome import CampaignOutcome
+from polymorph.compile.ranking import Ranking
 from polymorph.compile.runner import Runner
 from polymorph.compile.selection import (
     budget_share,
     compare,
     counts,
     eligible,
-    objective_value,
+    rank,
     score,
     select_result,
     summary,
 )
 from polymorph.errors import BuildError
+from polymorph.stats import Estimate
 from polymorph.store import Store, build_archive_key, build_id
 
-__all__ = ["Campaign", "CampaignSettings"]
+__all__ = ["MAX_CONTENDERS", "Campaign", "CampaignSettings"]
+
+MAX_CONTENDERS = 4
+"""The judgement races at most this many contenders against the leader (each once per leader)."""
+RACE_SLACK = 0.01
+"""A build is a contender when its interval over the leader reaches 1 - this (1%)."""
+MAX_LEADERS = 3
+"""Leader changes the judgement follows (a contender that beats the leader is raced in turn)."""
 
 
 @dataclass
@@ -143,6 +153,9 @@ class Campaign:
         self.workdir = self._tmp / "work"
         self.workdir.mkdir()
         self._baseline: ExperimentRecord | None = None
+        self._ranking: tuple[int, Ranking] | None = None
+        self._judging = False
+        self._final = False
         self.state: SandboxState = "running"
         self.stop_reason: StopReason | None = None
         self.message = ""
@@ -153,8 +166,34 @@ class Campaign:
         """Campaign seconds so far, across every run of it."""
         return self.prior_elapsed + (self.clock() - self._session_start)
 
+    def reserved_experiments(self) -> int:
+        """Experiments kept from the agent for the judgement: the races and the final pairing."""
+        return min(1 + MAX_CONTENDERS, max(1, self.share // 4)) if self.share > 1 else 0
+
+    def reserved_seconds(self) -> float:
+        """Seconds kept from the agent for the judgement, from what experiments have cost so far:
+        the final pairing with the baseline and its confirmation (each about a baseline run), plus
+        ``MAX_CONTENDERS`` races (each about a typical experiment that did not time out). At most
+        half the deadline."""
+        base = self._baseline
+        if base is None:
+            return 0.0
+        totals = sorted(
+            r.timings.totalS for r in self.ledger.records if r.build != self.base_id and r.status != "timeout"
+        )
+        typical = totals[len(totals) // 2] if totals else base.timings.totalS
+        need = 2 * base.timings.totalS + MAX_CONTENDERS * typical
+        return min(0.5 * self.deadline_s, need)
+
     def experiments_left(self) -> int:
-        return max(0, self.share - len(self.ledger))
+        """Experiments the agent may still start (the judgement's reserve excluded)."""
+        held = 0 if self._judging else self.reserved_experiments()
+        return max(0, self.share - held - len(self.ledger))
+
+    def seconds_left(self) -> float:
+        """Seconds the agent may still start experiments in (the judgement's reserve excluded)."""
+        held = 0.0 if self._judging else self.reserved_seconds()
+        return max(0.0, self.deadline_s - held - self.elapsed())
 
     def record_usage(self, usage: TokenUsage) -> None:
         """Add an agent's API token usage to the campaign's total (kept in the progress document)."""
@@ -168,13 +207,21 @@ class Campaign:
         return self.tokens
 
     def ensure_budget(self) -> None:
-        """Raise ``BudgetExhausted`` when no new experiment may start (experiments or deadline spent)."""
-        if len(self.ledger) >= self.share:
+        """Raise ``BudgetExhausted`` when no new experiment may start (experiments or deadline spent).
+
+        The agent's budget ends where the judgement's reserve begins (``reserved_experiments``,
+        ``reserved_seconds``), so the best build it found is always judged before the deadline.
+        """
+        if self.experiments_left() <= 0:
+            held = "" if self._judging else f", {self.reserved_experiments()} of them kept for the judgement"
             raise BudgetExhausted(
-                "maxExperiments", f"the experiment budget ({self.share} for this sandbox) is spent"
+                "maxExperiments", f"the experiment budget ({self.share} for this sandbox{held}) is spent"
             )
-        if self.elapsed() >= self.deadline_s:
-            raise BudgetExhausted("deadline", f"the deadline ({self.settings.budget.deadline}) has passed")
+        if self.seconds_left() <= 0 and not self._final:
+            held = "" if self._judging else f", less {self.reserved_seconds():.0f} s kept for the judgement"
+            raise BudgetExhausted(
+                "deadline", f"the deadline ({self.settings.budget.deadline}{held}) has passed"
+            )
 
     # --- experiments ------------------------------------------------------------------------
 
@@ -185,9 +232,10 @@ class Campaign:
         description: str = "",
         usage: TokenUsage | None = None,
         against: ExperimentRecord | None = None,
+        screen: bool = False,
     ) -> ExperimentRecord:
         """Run ``build_dir`` paired with ``against``'s build (default: the base build), or return
-        the ledger's record of that same pairing."""
+        the ledger's record of that same pairing (by the same protocol: ``screen`` or full)."""
         bid = build_id(build_dir)
         self._dirs.setdefault(bid, build_dir)
         against_id: str | None = None
@@ -195,7 +243,7 @@ class Campaign:
         if bid != self.base_id:
             against_id = against.build if against is not None else self.base_id
             against_dir = self._dir_of(against_id)
-        recorded = self._recorded(bid, against_id)
+        recorded = self._recorded(bid, against_id, screen)
         if recorded is not None:
             self._cached += 1
             if self.on_record is not None:
@@ -203,7 +251,7 @@ class Campaign:
             return recorded
         self.ensure_budget()
         started = datetime.now(UTC)
-        record = self.runner.run(build_dir, description=description, against=against_dir)
+        record = self.runner.run(build_dir, description=description, against=against_dir, screen=screen)
         knobs = record.knobs or self._knobs_of(build_dir)
         record = record.model_copy(
             update={
@@ -215,6 +263,7 @@ class Campaign:
                 "usage": usage,
                 "knobs": knobs,
                 "startedAt": started,
+                "screen": screen,
             }
         )
         # Store the build before its ledger line: a kill in between reruns it, never loses it.
@@ -227,13 +276,22 @@ class Campaign:
             self.on_record(record, False, self.progress())
         return record
 
-    def _recorded(self, build: str, against: str | None) -> ExperimentRecord | None:
-        """The ledger's record of ``build`` on this workload, paired with ``against`` (None: alone)."""
-        for r in self.ledger.records:
-            paired_with = r.comparison.against if r.comparison is not None else None
-            if r.build == build and r.workloadHash == self.workload_hash and paired_with == against:
-                return r
-        return None
+    def _recorded(self, build: str, against: str | None, screen: bool = False) -> ExperimentRecord | None:
+        """The ledger's record of ``build`` on this workload, paired with ``against`` (None: alone),
+        by the same protocol. A record that timed out while preparing is not one: the build gets
+        one more try, warm (see ``retry``)."""
+        same = [
+            r
+            for r in self.ledger.records
+            if r.build == build
+            and r.workloadHash == self.workload_hash
+            and (r.comparison.against if r.comparison is not None else None) == against
+            and r.screen == screen
+        ]
+        settled = [r for r in same if r.status != "timeout"]
+        if settled:
+            return settled[-1]
+        return same[-1] if len(same) >= 2 else None
 
     def _dir_of(self, build: str) -> Path:
         """A directory holding ``build`` (the base, one this campaign ran, or fetched from the store)."""
@@ -293,49 +351,57 @@ class Campaign:
             return None
         return compare(record, other, self.settings.objective)
 
-    def speedup(self, record: ExperimentRecord, _depth: int = 0) -> float | None:
-        """``record``'s point speedup over the baseline (> 1 is better), chained through the build it
-        was paired against when that was not the baseline; None when it cannot be compared."""
-        base = self._baseline
-        if base is None or not self.eligible(record) or record.figures is None or base.figures is None:
+    def ranking(self) -> Ranking:
+        """Every build this sandbox measured, ranked by all its paired records at once
+        (``selection.rank``: a least-squares fit over the comparison graph, so a chain of anchors
+        is composed with its uncertainty, never as a product of point ratios)."""
+        if self._ranking is None or self._ranking[0] != len(self.ledger):
+            self._ranking = (
+                len(self.ledger),
+                rank(self.ledger.records, self.base_id, self.settings.objective),
+            )
+        return self._ranking[1]
+
+    def speedup(self, record: ExperimentRecord) -> float | None:
+        """``record``'s build's speedup over the baseline (> 1 is better) by all the paired
+        evidence; None when it cannot be compared."""
+        if self._baseline is None or not self.eligible(record):
             return None
-        if record.build == base.build:
+        if record.build == self.base_id:
             return 1.0
-        objective = self.settings.objective
-        comparison = record.comparison
-        other = comparison.baseline if comparison is not None else base.figures
-        value, reference = objective_value(record.figures, objective), objective_value(other, objective)
-        if value <= 0 or reference <= 0:
+        est = self.ranking().speedup(record.build)
+        return est.value if est is not None else None
+
+    def versus(self, record: ExperimentRecord, against: ExperimentRecord) -> Estimate | None:
+        """``record``'s build over ``against``'s by the whole ranking (see ``CampaignContext.versus``)."""
+        return self.ranking().versus(record.build, against.build)
+
+    def record_of(self, build: str) -> ExperimentRecord | None:
+        """The record that stands for ``build``: full and paired with the baseline when there is one,
+        else its most precise eligible record."""
+        own = [r for r in self.ledger.records if r.build == build and self.eligible(r)]
+        if not own:
             return None
-        ratio = value / reference if objective.maximize else reference / value
-        if comparison is None or comparison.against == base.build:
-            return ratio
-        if _depth >= 8:  # a chain this long (or a cycle) says nothing reliable
-            return None
-        via = [r for r in self.ledger.records if r.build == comparison.against and r is not record]
-        via.sort(key=lambda r: r.comparison is not None and r.comparison.against != base.build)
-        chained = self.speedup(via[0], _depth + 1) if via else None
-        return ratio * chained if chained is not None else None
+
+        def standing(r: ExperimentRecord) -> tuple[bool, bool, float]:
+            against_base = r.comparison is not None and r.comparison.against == self.base_id
+            return (against_base, not r.screen, -(r.halfWidth if r.halfWidth is not None else math.inf))
+
+        return max(own, key=standing)
 
     def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
-        """Eligible records by speedup over the baseline, best first; a build appears once, by its
-        record paired with the baseline when it has one."""
-        scored: dict[str, tuple[float, int, ExperimentRecord]] = {}
-        direct: set[str] = set()  # builds with a record paired with the baseline: that record stands
-        for i, r in enumerate(self.ledger.records):
-            s = self.speedup(r)
-            if s is None:
-                continue
-            against_base = r.comparison is not None and r.comparison.against == self.base_id
-            if r.build in direct and not against_base:
-                continue
-            if against_base and r.build not in direct:
-                direct.add(r.build)
-                scored[r.build] = (s, i, r)
-            elif r.build not in scored or s > scored[r.build][0]:
-                scored[r.build] = (s, i, r)
-        ordered = sorted(scored.values(), key=lambda s: (-s[0], s[1]))
-        return [r for _, _, r in ordered[:limit]]
+        """Eligible builds by speedup over the baseline (``ranking``), best first, each by the record
+        that stands for it (``record_of``)."""
+        if self._baseline is None:
+            return []
+        board = []
+        for build in self.ranking().order():
+            record = self.record_of(build) if build != self.base_id else self._baseline
+            if record is not None:
+                board.append(record)
+            if len(board) >= limit:
+                break
+        return board
 
     def best(self) -> ExperimentRecord:
         board = self.leaderboard(1)
@@ -389,17 +455,20 @@ class Campaign:
         base = self._baseline
         best: ProgressBest | None = None
         top = self.best() if base is not None else None
-        if top is not None and base is not None and top.figures is not None and base.figures is not None:
-            scored = score(top, base, objective, self.settings.gates.minSpeedup) if top is not base else None
-            if scored is not None:
-                est = scored.estimate
+        if top is not None and base is not None and top.figures is not None and top is not base:
+            # Paired with the baseline: the selection's own verdict; otherwise the ranking's
+            # estimate over the baseline, not yet a verdict (never significant).
+            against_base = top.comparison is not None and top.comparison.against == self.base_id
+            scored = score(top, base, objective, self.settings.gates.minSpeedup) if against_base else None
+            est = scored.estimate if scored is not None else self.ranking().speedup(top.build)
+            if est is not None:
                 best = ProgressBest(
                     **dict(summary(top, objective)),
                     speedup=est.value,
                     speedupNoise=est.half_width,
-                    significant=scored.wins,
+                    significant=scored is not None and scored.wins,
                     speedupCi=[est.lo, est.hi],
-                    pairs=est.n if scored.paired else 0,
+                    pairs=est.n if scored is not None else 0,
                 )
         return Progress(
             sandbox=self.settings.sandbox,
@@ -435,6 +504,74 @@ class Campaign:
             if i != self.settings.sandbox and self.store.exists(key):
                 ledgers[i] = [ExperimentRecord.model_validate(x) for x in self.store.read_jsonl(key)]
         return ledgers
+
+    # --- the judgement ----------------------------------------------------------------------
+
+    def _judge(self) -> None:
+        """Settle the best build by the full protocol, whatever the agent did, in the reserve kept for it.
+
+        1. Race: every contender (``Ranking.contenders``: its interval over the leader reaches
+           ``1 - RACE_SLACK``) that was not yet measured by the full protocol against the leader
+           is, paired with it. A contender that beats the leader becomes the leader, and its own
+           contenders are raced in turn (at most ``MAX_LEADERS`` times).
+        2. The leader, when it has no full record paired with the baseline, gets one: the
+           record the selection judges it by.
+        Races stop when the budget is spent; the final pairing runs even then (its time and one
+        experiment are reserved), so a deadline never leaves the best measured build unjudged.
+        """
+        self._judging = True
+        try:
+            for _ in range(MAX_LEADERS):
+                graph = self.ranking()
+                lead = graph.leader()
+                if lead == self.base_id:
+                    return
+                rivals = [
+                    b
+                    for b in graph.contenders(RACE_SLACK, MAX_CONTENDERS + 1)[1:]
+                    if not self._raced(b, lead)
+                ]
+                changed = False
+                for rival in rivals:
+                    if rival == self.base_id:
+                        continue
+                    if self.experiments_left() <= 1 or self.seconds_left() <= self._final_seconds():
+                        break  # the final pairing's share stays untouched
+                    record = self.run_experiment(
+                        self._dir_of(rival),
+                        description=f"race: {_short(rival)} vs the leader {_short(lead)}",
+                        against=self.record_of(lead),
+                    )
+                    cmp = self.compare(record, self.record_of(lead))
+                    if cmp is not None and cmp.significant:
+                        changed = True
+                        break
+                if not changed:
+                    break
+            lead = self.ranking().leader()
+            if lead != self.base_id and not self._raced(lead, self.base_id):
+                self._final = True  # its time was reserved: a deadline passed meanwhile does not skip it
+                self.run_experiment(
+                    self._dir_of(lead), description=f"final: {_short(lead)}, the leader, vs the baseline"
+                )
+        except BudgetExhausted:
+            pass  # nothing reserved is left: the selection judges what was measured
+        finally:
+            self._judging = self._final = False
+
+    def _raced(self, build: str, other: str) -> bool:
+        """Whether ``build`` and ``other`` were measured by the full protocol, paired with each other."""
+        return any(
+            not r.screen
+            and r.comparison is not None
+            and {r.build, r.comparison.against} == {build, other}
+            and self.eligible(r)
+            for r in self.ledger.records
+        )
+
+    def _final_seconds(self) -> float:
+        """About what the final pairing with the baseline and its confirmation take."""
+        return 2 * self._baseline.timings.totalS if self._baseline is not None else 0.0
 
     # --- the campaign -----------------------------------------------------------------------
 
@@ -475,6 +612,8 @@ class Campaign:
             stop, message = exc.reason, str(exc)
         except AgentError as exc:
             stop, message = "agentError", str(exc)
+        if self._baseline is not None and self.eligible(self._baseline):
+            self._judge()
         # "failed" only when nothing could be compared; an agent that failed after the baseline
         # still leaves a valid result (its best so far).
         self.state = "failed" if stop == "baselineFailed" or self._baseline is None else "finished"
@@ -520,6 +659,10 @@ class Campaign:
             records=list(self.ledger.records),
             bestUri=best_uri,
         )
+
+
+def _short(build: str) -> str:
+    return build[:15] if build.startswith("sha256:") else build
 
 
 def _build_uri(store: Store, build: str) -> str:

@@ -23,6 +23,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -40,10 +41,12 @@ class Runner(Protocol):
     """Runs one build through verification and benchmark; never raises for a bad build.
 
     With ``against``, the benchmark is paired with that build (loaded beside it, ABBA passes).
+    With ``screen``, it follows the short screening protocol (fewer pairs, a wider target
+    interval): for ranking many candidates cheaply, never for the final verdict.
     """
 
     def run(
-        self, build_dir: Path, *, description: str = "", against: Path | None = None
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
     ) -> ExperimentRecord: ...
 
 
@@ -55,7 +58,7 @@ class RemoteRunner:
         self.timeout = float(timeout)
 
     def _request(
-        self, method: str, path: str, doc: dict[str, str] | None, timeout: float
+        self, method: str, path: str, doc: Mapping[str, str | bool] | None, timeout: float
     ) -> tuple[int, JsonValue]:
         data = None if doc is None else json.dumps(doc).encode()
         req = urllib.request.Request(
@@ -93,14 +96,17 @@ class RemoteRunner:
             raise RuntimeError(f"the sandbox engine refused build {build_dir}: {_message(doc, status)}")
         return str(doc["build"])
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         build_dir = Path(build_dir)
         started = time.monotonic()
         ident = build_id(build_dir)
-        body = {
+        body: dict[str, str | bool] = {
             "archive": base64.b64encode(archive_build(build_dir)).decode(),
             "id": ident,
             "description": description,
+            "screen": screen,
         }
         if against is not None:
             body["against"] = base64.b64encode(archive_build(Path(against))).decode()

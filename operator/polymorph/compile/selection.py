@@ -16,8 +16,10 @@ latencies, so > 1 is always better) with a 95% interval; the candidate wins when
 A comparison of two separately measured builds (no pairing) is reported as a ratio of medians
 with a bootstrap interval (``stats.ratio``) but is never significant: drift between two
 measurements minutes apart must not masquerade as a win. ``speedupNoise`` is the interval's
-relative half-width. Among winners the highest speedup is the result; otherwise the result is
-an explicit "no improvement" naming the closest miss.
+relative half-width. Among winners (each cleared the gate in its own record paired with the
+baseline) the one with the highest speedup by all the paired evidence (``rank``: a
+least-squares fit over every paired record, races between contenders included) is the
+result; otherwise the result is an explicit "no improvement" naming the closest miss.
 
 Several sandboxes. Each sandbox's candidates are compared with that sandbox's own baseline
 (figures are only comparable within one engine on one host); the result is chosen across
@@ -40,6 +42,7 @@ from polymorph.api import ExperimentRecord, Figures, Gates, Objective
 from polymorph.api.common import Constraint
 from polymorph.compile.agents.base import Comparison
 from polymorph.compile.documents import CampaignResult, Counts, ResultBest, Standing
+from polymorph.compile.ranking import Z95, Edge, Ranking, solve
 
 __all__ = [
     "Scored",
@@ -47,10 +50,12 @@ __all__ = [
     "compare",
     "counts",
     "describe",
+    "edge_of",
     "eligible",
     "estimate",
     "objective_value",
     "pass_values",
+    "rank",
     "ranked",
     "score",
     "select_result",
@@ -158,6 +163,29 @@ def compare(
     return Comparison(value, baseline_value, est.value, est.half_width, significant)
 
 
+def edge_of(record: ExperimentRecord, objective: Objective) -> Edge | None:
+    """The edge of the comparison graph (``ranking``) a paired, eligible record measures: log of
+    its oriented paired ratio and a normal-equivalent standard error (None: unpaired, failed, or
+    fewer than 2 pairs)."""
+    comparison = record.comparison
+    if comparison is None or record.figures is None or not eligible(record, objective):
+        return None
+    cand = pass_values(record.figures, objective)
+    base = pass_values(comparison.baseline, objective)
+    if len(cand) < 2 or len(cand) != len(base) or min(cand + base) <= 0:
+        return None
+    est = stats.paired_ratio(*_oriented(cand, base, objective))
+    if not (math.isfinite(est.hi) and est.lo > 0):
+        return None
+    se = max((math.log(est.hi) - math.log(est.lo)) / (2 * Z95), 1e-6)
+    return Edge(record.build, comparison.against, math.log(est.value), se, est.n)
+
+
+def rank(records: Iterable[ExperimentRecord], base_build: str, objective: Objective) -> Ranking:
+    """Every build the paired records connect to ``base_build``, ranked by all of them at once."""
+    return solve((e for e in (edge_of(r, objective) for r in records) if e is not None), base_build)
+
+
 def eligible(record: ExperimentRecord, objective: Objective) -> bool:
     """Passed, has figures and honours every constraint."""
     return (
@@ -246,6 +274,10 @@ def describe(est: stats.Estimate, paired: bool) -> str:
     return f"{est.value:.2f}x [{est.lo:.2f}, {est.hi:.2f}] ±{est.half_width * 100:.1f}% ({behind})"
 
 
+def _paired_with(record: ExperimentRecord, build: str) -> bool:
+    return record.comparison is not None and record.comparison.against == build
+
+
 def select_result(
     ledgers: dict[int, list[ExperimentRecord]], base_build: str, objective: Objective, gates: Gates
 ) -> CampaignResult:
@@ -268,19 +300,26 @@ def select_result(
             message="the base build did not pass verification and benchmark, so nothing could be compared",
         )
     scored: list[Scored] = []
+    standing: dict[int, float] = {}  # id(scored record) -> its speedup by all of its sandbox's evidence
     for sandbox, records in ledgers.items():
         base = baselines[sandbox]
         if base is None:
             continue
+        graph = rank(records, base_build, objective)
         for r in records:
-            if r.build != base_build and eligible(r, objective):
+            if r.build != base_build and eligible(r, objective) and _paired_with(r, base_build):
                 s = score(r, base, objective, gates.minSpeedup)
                 if s is not None:
                     scored.append(s)
+                    overall = graph.speedup(r.build)
+                    standing[id(s)] = overall.value if overall is not None else s.estimate.value
     first_base = next(b for b in baselines.values() if b is not None)
     winners = [s for s in scored if s.wins]
     if winners:
-        best = max(winners, key=lambda s: (s.estimate.value, s.estimate.lo))
+        # Every winner's own record cleared the gate paired with the baseline; which of them is
+        # best is judged by all the paired evidence (races between contenders included), so a
+        # lucky screening pass cannot outrank a build that beat it head to head.
+        best = max(winners, key=lambda s: (standing[id(s)], s.estimate.lo))
         return result(
             state="improved",
             baseline=summary(best.baseline, objective),
@@ -290,6 +329,16 @@ def select_result(
                 f"paired and interleaved in one engine (gate {gates.minSpeedup:g}x)"
             ),
         )
+    # No winner: the unpaired records may name the closest miss (a bootstrap each, so only now).
+    for sandbox, records in ledgers.items():
+        base = baselines[sandbox]
+        if base is None:
+            continue
+        for r in records:
+            if r.build != base_build and eligible(r, objective) and not _paired_with(r, base_build):
+                s = score(r, base, objective, gates.minSpeedup)
+                if s is not None:
+                    scored.append(s)
     if not scored:
         return result(
             state="noImprovement",

@@ -19,6 +19,7 @@ from typing import Protocol
 from polymorph.api import ExperimentRecord, Gates, Objective, WorkloadProfile
 from polymorph.api.build import TokenUsage
 from polymorph.compile.documents import StopReason
+from polymorph.stats import Estimate
 
 __all__ = ["Agent", "AgentError", "BudgetExhausted", "CampaignContext", "Comparison", "StopReason"]
 
@@ -86,11 +87,15 @@ class CampaignContext(Protocol):
         description: str = "",
         usage: TokenUsage | None = None,
         against: ExperimentRecord | None = None,
+        screen: bool = False,
     ) -> ExperimentRecord:
         """Run ``build_dir`` paired with ``against``'s build (default: the base build), or return
         the recorded result of that same pairing when it already ran on this workload.
 
         ``usage`` (tokens spent to propose this build) goes into the experiment's record.
+        ``screen``: the short screening protocol (a few pairs, a wider interval), for ranking
+        many candidates; the campaign races what may be the best by the full protocol before
+        the result is chosen.
 
         Raises ``BudgetExhausted`` when no new experiment may start.
         """
@@ -103,12 +108,19 @@ class CampaignContext(Protocol):
         """
         ...
 
+    def versus(self, record: ExperimentRecord, against: ExperimentRecord) -> Estimate | None:
+        """``record``'s build over ``against``'s (> 1: better) by all the paired evidence at once
+        (every paired record of the campaign, composed with its uncertainty); None when no
+        chain of paired records joins them."""
+        ...
+
     def eligible(self, record: ExperimentRecord) -> bool:
         """Passed verification and benchmark, and honours every objective constraint."""
         ...
 
     def best(self) -> ExperimentRecord:
-        """The eligible record with the best objective value so far (the baseline at first)."""
+        """The record of the build with the best speedup by all the paired evidence so far (the
+        baseline at first)."""
         ...
 
     def best_dir(self) -> Path:
@@ -116,7 +128,7 @@ class CampaignContext(Protocol):
         ...
 
     def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
-        """Eligible records, best first."""
+        """One eligible record per build (the baseline included), best first by all the paired evidence."""
         ...
 
     def experiments_left(self) -> int: ...

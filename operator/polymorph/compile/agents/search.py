@@ -1,43 +1,45 @@
-"""The offline search agent: explores the knobs the base build declares, by paired comparisons.
+"""The offline search agent: model-guided screening of the knob space, by short paired experiments.
 
-Plan (pure functions below, the agent only walks it):
-1. the baseline (the campaign runs it on every sandbox, because figures only compare
-   within one engine);
-2. sweep: every knob set to each of its non-default choices, one knob at a time, each
-   benchmarked paired with the sweep's *anchor*: the baseline at first, then the first change
-   that beats the anchor by the paired rule (the interval of change / anchor lies above 1),
-   and so on. A change's *gain* is its speedup over the baseline through the chain of anchors
-   (change / anchor x anchor / baseline ...). Pairing with a fast anchor instead of a slow
-   baseline is what keeps experiments short: half of every paired experiment's passes are the
-   anchor's, and the reference build is often several times slower than the first capture or
-   fusion knob. The ranking only needs a common comparator, and every kept step is still a
-   direct paired verdict (the final configuration is measured against the baseline itself);
-3. greedy combination: from the last anchor (the baseline when none beat it), add the sweep's
-   changes that measured a gain > 1, one at a time in order of gain (a change only of knobs
-   the current configuration already sets, such as another value of the same knob, is left to
-   refinement). Each combination is benchmarked paired with the *current best* configuration
-   in one engine, and kept only when it still helps by the paired rule (the interval of
-   combination / current lies above 1: ``campaign.compare(...).significant``); so knobs
-   accumulate, and a knob whose gain another already delivered is dropped;
-4. local refinement: from the current configuration, try each knob's neighbouring choices
-   (one step along its declared list), each paired with the current best; move to the first
-   that helps by the same rule, and repeat until a full pass finds nothing;
-5. the final configuration, when its last measurement was against an intermediate best, is
-   benchmarked paired with the baseline, so that the campaign's selection (which judges every
-   candidate by its paired ratio to the baseline against ``minSpeedup``) can see it. One
-   experiment of the budget is kept for this.
+The space is every combination of the knobs the base build declares, less those whose
+non-default values lack what they ``require`` (build.toml: a knob whose values change nothing
+without another knob's value, such as ``decode_capture`` without ``kv_cache = "static"``),
+which would only duplicate another configuration. Thirteen knobs make thousands of
+combinations, and knobs interact (a fused step's ``prefill`` pays only on the fused step), so
+neither trying them all nor moving one knob at a time finds the best under a deadline.
 
-A configuration is a full assignment ``{knob: value}``; its key is its canonical JSON. Every
-configuration the plan makes is completed with what its knobs ``require`` (build.toml: a knob
-whose non-default values change nothing without another knob's value, such as
-``decode_capture`` without ``kv_cache = "static"``), so interacting knobs are tried together
-rather than each alone as a no-op.
-The agent never runs the same (configuration, paired-against) twice. Sandbox ``i`` of ``n``
-owns the configurations whose key hashes (sha256) to ``i`` mod ``n``, and runs only those
-(plus the shared baseline), so sandboxes explore disjoint shares. Combinations and refinements
-a sandbox does not own are skipped by it. The result itself is chosen by the campaign's paired
-rule, never by the agent. Budget and deadline are the campaign's: ``run_experiment`` raises
-when spent.
+Plan (the agent only screens; the campaign's judgement settles the result):
+1. **Start** with the one-knob sweep: each knob value once, from the defaults (plus what it
+   requires). It is cheap, and it measures every main effect.
+2. **Screen** by Thompson sampling over a model of the knob effects: log throughput is
+   additive in each non-default knob value plus each pair of them (the interactions), with a
+   Gaussian prior, fitted by Bayesian linear regression to every paired measurement (a paired
+   record observes ``f(build) - f(against)``, so comparisons with any comparator inform one
+   model). Each step draws one model from the posterior and measures the configuration it
+   ranks best among those not yet measured; an uncertain region is tried exactly as often as
+   it may hold the best. Measurements are **screening** experiments (``screen=True``: a few
+   ABBA pairs, a wider target interval).
+3. **Comparator.** Every screening experiment is paired with the current *comparator*: the
+   baseline at first, then the fastest build measured when the whole evidence (the campaign's
+   ``ranking``) puts it at least ``SWITCH_GAIN`` above the comparator. Half of a paired
+   experiment's passes are the comparator's, and the reference build is often many times
+   slower than a fused one, so a fast comparator makes screening several times cheaper. The
+   ranking composes the comparators' links with their uncertainty: nothing is ranked by a
+   chain of point ratios.
+4. **Stop** when fewer than ``STOP_PROBABILITY`` of the posterior's draws put any unmeasured
+   configuration ``MIN_GAIN`` above the leader, or the agent's budget ends (the campaign keeps
+   a reserve of experiments and seconds for its judgement: races of the contenders by the
+   full protocol, and the leader paired with the baseline).
+5. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
+   ready yet", not "slow") is tried once more after the rest, when the persistent compile
+   cache has its artifacts. Until then, the configurations holding a knob value that has only
+   ever timed out are deferred (the timeout says nothing about speed, and each one would
+   cost a whole timeout).
+
+The model only proposes; every decision about the result is the campaign's paired rule. The
+agent never runs the same (configuration, paired-against) twice. Sandbox ``i`` of ``n`` owns
+the configurations whose key hashes (sha256) to ``i`` mod ``n`` and screens only those, so
+sandboxes explore disjoint shares. Draws come from a generator seeded by the sandbox, so a
+resumed campaign replays its path from the ledger for free.
 
 It knows nothing about the store, the ledger or how builds run.
 """
@@ -45,19 +47,51 @@ It knows nothing about the store, the ledger or how builds run.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from polymorph.api import ExperimentRecord
 from polymorph.builds import knob_variant, read_build
 from polymorph.compile.agents.base import CampaignContext
 from polymorph.store import build_id
 
-__all__ = ["SearchAgent", "config_key", "neighbours", "owner", "sweep", "with_requirements"]
+__all__ = [
+    "KnobModel",
+    "SearchAgent",
+    "config_key",
+    "consistent",
+    "neighbours",
+    "owner",
+    "space",
+    "sweep",
+    "with_requirements",
+]
 
 Config = dict[str, Any]
+Requires = Mapping[str, Mapping[str, Any]]
+
+MAX_SPACE = 50_000
+"""Configurations enumerated at most; a larger space is sampled (seeded) to this many."""
+SWITCH_GAIN = 1.25
+"""The comparator moves to a build the ranking puts at least this much above it (its lower bound)."""
+MIN_GAIN = 0.01
+"""Screening ends when no unmeasured configuration is likely to beat the leader by this much."""
+STOP_PROBABILITY = 0.05
+"""... where "likely" is this share of the posterior's draws."""
+STOP_DRAWS = 64
+PRIOR_MAIN = 0.7
+"""Prior standard deviation of one knob value's effect on log throughput (about ×2)."""
+PRIOR_PAIR = 0.35
+"""Prior standard deviation of one pair's interaction on log throughput."""
+MISFIT = 0.03
+"""Added in quadrature to each measurement's standard error: what two-knob effects cannot explain."""
 
 
 def config_key(config: Config) -> str:
@@ -69,9 +103,6 @@ def owner(config: Config, sandboxes: int) -> int:
     """The sandbox that owns ``config``: a stable hash of its key, mod ``sandboxes``."""
     digest = hashlib.sha256(config_key(config).encode()).hexdigest()
     return int(digest[:12], 16) % sandboxes
-
-
-Requires = Mapping[str, Mapping[str, Any]]
 
 
 def with_requirements(config: Config, requires: Requires, defaults: Config) -> Config:
@@ -89,6 +120,11 @@ def with_requirements(config: Config, requires: Requires, defaults: Config) -> C
             break
         out |= extra
     return out
+
+
+def consistent(config: Config, requires: Requires, defaults: Config) -> bool:
+    """Whether every non-default knob of ``config`` has what it requires."""
+    return with_requirements(config, requires, defaults) == config
 
 
 def sweep(
@@ -123,16 +159,99 @@ def neighbours(
     return out
 
 
+def space(
+    defaults: Config,
+    choices: Mapping[str, Sequence[Any]],
+    requires: Requires | None = None,
+    *,
+    limit: int = MAX_SPACE,
+    seed: int = 0,
+) -> list[Config]:
+    """The distinct consistent configurations (``consistent``), the defaults first; at most
+    ``limit``, sampled with ``seed`` when there are more combinations than that."""
+    names = sorted(choices)
+    requires = requires or {}
+    total = math.prod(len(choices[n]) for n in names)
+    if total <= limit:
+        combos: Any = itertools.product(*(choices[n] for n in names))
+    else:
+        rng = random.Random(seed)
+        combos = (tuple(rng.choice(list(choices[n])) for n in names) for _ in range(limit))
+    seen: dict[str, Config] = {config_key(defaults): dict(defaults)}
+    for one in sweep(defaults, choices, requires):
+        seen.setdefault(config_key(one), one)
+    for values in combos:
+        config = dict(zip(names, values, strict=True))
+        if consistent(config, requires, defaults):
+            seen.setdefault(config_key(config), config)
+    return list(seen.values())
+
+
+class KnobModel:
+    """Bayesian linear regression of log throughput on knob values and their pairs.
+
+    Features of a configuration: one per non-default knob value, one per pair of non-default
+    values of two knobs. A paired measurement observes ``phi(build) - phi(against)`` times the
+    weights, with its standard error (plus ``MISFIT``). ``draw`` samples weights from the
+    posterior; ``predict`` scores configurations under some weights.
+    """
+
+    def __init__(self, defaults: Config, choices: Mapping[str, Sequence[Any]]) -> None:
+        self.defaults = defaults
+        self.mains = [(k, v) for k in sorted(choices) for v in choices[k] if v != defaults[k]]
+        index = {m: i for i, m in enumerate(self.mains)}
+        self.index = index
+        self.pairs = [(index[a], index[b]) for a, b in itertools.combinations(self.mains, 2) if a[0] != b[0]]
+        self.pair_index = {p: len(self.mains) + i for i, p in enumerate(self.pairs)}
+        self.size = len(self.mains) + len(self.pairs)
+        prior = np.array([PRIOR_MAIN] * len(self.mains) + [PRIOR_PAIR] * len(self.pairs))
+        self.prior_precision = np.diag(1.0 / prior**2)
+        self.mean = np.zeros(self.size)
+        self.cov = np.diag(prior**2)
+
+    def features(self, config: Config) -> np.ndarray:
+        on = sorted(self.index[(k, v)] for k, v in config.items() if (k, v) in self.index)
+        x = np.zeros(self.size)
+        x[on] = 1.0
+        for a, b in itertools.combinations(on, 2):
+            j = self.pair_index.get((a, b))
+            if j is not None:
+                x[j] = 1.0
+        return x
+
+    def matrix(self, configs: Sequence[Config]) -> np.ndarray:
+        return np.stack([self.features(c) for c in configs]) if configs else np.zeros((0, self.size))
+
+    def fit(self, rows: Sequence[tuple[Config, Config, float, float]]) -> None:
+        """Posterior from ``(config, against, log ratio, se)`` observations."""
+        precision = self.prior_precision.copy()
+        rhs = np.zeros(self.size)
+        for config, against, y, se in rows:
+            x = self.features(config) - self.features(against)
+            w = 1.0 / (se * se + MISFIT * MISFIT)
+            precision += w * np.outer(x, x)
+            rhs += w * y * x
+        self.cov = np.linalg.inv(precision)
+        self.cov = (self.cov + self.cov.T) / 2
+        self.mean = self.cov @ rhs
+
+    def draw(self, rng: np.random.Generator, n: int = 1) -> np.ndarray:
+        """``n`` weight vectors from the posterior (rows)."""
+        return rng.multivariate_normal(self.mean, self.cov, size=n, method="cholesky")
+
+
 class SearchAgent:
-    """Baseline, one knob at a time, greedy paired combination, local paired refinement."""
+    """Model-guided screening of the knob space; the campaign's judgement settles the result."""
 
     name = "search"
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
         self.tried: dict[tuple[str, str], ExperimentRecord] = {}
         self._base_name = "base"
         self._base_id = ""
         self._defaults: Config = {}
+        self._configs: dict[str, Config] = {}  # build id -> configuration
 
     def run(self, ctx: CampaignContext) -> str:
         spec = read_build(ctx.base_dir)
@@ -143,100 +262,102 @@ class SearchAgent:
         if not choices:
             return "the base build declares no knobs, so there is nothing to search"
         self._defaults = defaults
+        self._configs[self._base_id] = defaults
         base = ctx.baseline
-        self.tried[(config_key(defaults), "")] = base
+        rng = np.random.default_rng([self.seed, ctx.sandbox])
+        everything = space(defaults, choices, requires, seed=self.seed)
+        mine = [c for c in everything[1:] if owner(c, ctx.sandboxes) == ctx.sandbox]
+        model = KnobModel(defaults, choices)
+        comparator = base
+        screened: set[str] = set()
+        retry: list[Config] = []
 
-        # 2. Sweep one knob at a time, each paired with the anchor; rank by gain over the baseline.
-        singles: list[tuple[float, Config, ExperimentRecord]] = []
-        anchor, anchor_rec, anchor_gain = defaults, base, 1.0
+        suspect: set[tuple[str, str]] = set()  # knob values that only ever timed out: deferred
+        passed: set[tuple[str, str]] = set()
+
+        def values(config: Config) -> set[tuple[str, str]]:
+            return {(k, json.dumps(v)) for k, v in config.items() if v != defaults[k]}
+
+        def screen(config: Config, why: str) -> None:
+            nonlocal comparator
+            key = config_key(config)
+            screened.add(key)
+            record = self._attempt(ctx, config, why, comparator)
+            if record is not None and record.status == "timeout":
+                retry.append(config)
+                suspect.update(values(config) - passed)
+            elif record is not None and ctx.eligible(record):
+                passed.update(values(config))
+                suspect.difference_update(values(config))
+            comparator = self._comparator(ctx, comparator)
+
+        # 1. The one-knob sweep: every main effect.
         for config in sweep(defaults, choices, requires):
-            if not self._against_base(anchor_rec) and not self._room(ctx, anchor_rec, base):
-                break  # keep the last experiment for the final paired measurement
-            against = None if anchor_rec is base else anchor_rec
-            vs = f" vs {_diff(defaults, anchor)}" if against is not None else ""
-            record = self._attempt(ctx, config, f"sweep: {_diff(defaults, config)}{vs}", against)
-            cmp = ctx.compare(record, anchor_rec) if record is not None else None
-            if record is None or cmp is None:
+            mine_now = config_key(config) not in screened and owner(config, ctx.sandboxes) == ctx.sandbox
+            if mine_now and not values(config) & suspect:
+                screen(config, f"sweep: {_diff(defaults, config)}")
+
+        # 2.-4. Thompson sampling over the knob model until no configuration is likely to gain.
+        while True:
+            left = [c for c in mine if config_key(c) not in screened and not values(c) & suspect]
+            if not left:
+                break
+            model.fit(self._observations(ctx))
+            candidates = model.matrix(left)
+            lead = self._leader_config(ctx)
+            gains = (candidates - model.features(lead)) @ model.draw(rng, STOP_DRAWS).T
+            if float(np.mean(gains.max(axis=0) > math.log1p(MIN_GAIN))) < STOP_PROBABILITY:
+                break
+            pick = left[int(np.argmax(candidates @ model.draw(rng, 1)[0]))]
+            screen(pick, f"screen: {_diff(defaults, pick)}")
+
+        # 5. What timed out preparing gets one more try, warm.
+        for config in retry:
+            self._attempt(
+                ctx, config, f"retry (it timed out preparing): {_diff(defaults, config)}", comparator
+            )
+
+        lead = self._leader_config(ctx)
+        return f"screening ended; the leader is {_diff(defaults, lead) or 'the baseline'}"
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _observations(self, ctx: CampaignContext) -> list[tuple[Config, Config, float, float]]:
+        """Every paired, eligible record between two configurations the agent knows."""
+        rows = []
+        for record in self.tried.values():
+            cmp = record.comparison
+            if cmp is None or not ctx.eligible(record):
                 continue
-            gain = cmp.speedup * anchor_gain
-            if gain > 1:
-                singles.append((gain, config, record))
-            if cmp.significant and cmp.speedup > 1:
-                anchor, anchor_rec, anchor_gain = config, record, gain
-        singles.sort(key=lambda s: -s[0])
-
-        # 3. Greedy combination: add each gain to the current best; keep it if it still helps, paired.
-        current, current_rec = anchor, anchor_rec
-        for _, config, record in singles:
-            if config == anchor:
+            config, against = self._configs.get(record.build), self._configs.get(cmp.against)
+            if config is None or against is None or not (cmp.lo > 0 and math.isfinite(cmp.hi)):
                 continue
-            if not self._room(ctx, current_rec, base):
-                break  # keep the last experiment for the final paired measurement
-            changed = {k: v for k, v in config.items() if v != defaults[k]}
-            if changed.keys() <= {k for k, v in current.items() if v != defaults[k]}:
-                continue  # another value of knobs already set: refinement's job, not a new gain
-            candidate = with_requirements(current | changed, requires, defaults)
-            if candidate == current:
-                continue
-            if current_rec is base and candidate == config:
-                cand_rec: ExperimentRecord | None = record  # already paired with the baseline
-            else:
-                desc = f"combine: {_diff(defaults, candidate)} vs {_diff(defaults, current) or 'baseline'}"
-                cand_rec = self._attempt(ctx, candidate, desc, current_rec)
-            if cand_rec is not None and self._helps(ctx, cand_rec, current_rec):
-                current, current_rec = candidate, cand_rec
+            se = max((math.log(cmp.hi) - math.log(cmp.lo)) / (2 * 1.96), 1e-4)
+            y = math.log(cmp.ratio) if ctx.objective.maximize else -math.log(cmp.ratio)
+            rows.append((config, against, y, se))
+        return rows
 
-        # 4. Local refinement around the current configuration, paired with it.
-        improved = True
-        while improved:
-            improved = False
-            for candidate in neighbours(current, choices, requires, defaults):
-                if candidate == current:
-                    continue  # a move that its requirements undo
-                if not self._room(ctx, current_rec, base):
-                    break
-                desc = f"refine: {_diff(defaults, candidate) or 'baseline'} vs {_diff(defaults, current) or 'baseline'}"
-                cand_rec = self._attempt(ctx, candidate, desc, None if current_rec is base else current_rec)
-                if cand_rec is not None and self._helps(ctx, cand_rec, current_rec):
-                    current, current_rec = candidate, cand_rec
-                    improved = True
-                    break
+    def _leader_config(self, ctx: CampaignContext) -> Config:
+        board = ctx.leaderboard(1)
+        return self._configs.get(board[0].build, self._defaults) if board else self._defaults
 
-        # 5. The final configuration, paired with the baseline (what the selection judges).
-        final = current_rec
-        if current_rec is not base and not self._against_base(current_rec):
-            measured = self._attempt(ctx, current, f"final: {_diff(defaults, current)} vs baseline", None)
-            final = measured if measured is not None else current_rec
-        cmp = ctx.compare(final)
-        found = f"{cmp.speedup:.2f}x ±{cmp.noise * 100:.1f}%" if cmp is not None else "no gain"
-        return (
-            f"search finished after {len(self.tried)} experiments; best "
-            f"{_diff(defaults, current) or 'baseline'} ({found} paired with the baseline)"
-        )
-
-    @staticmethod
-    def _room(ctx: CampaignContext, current: ExperimentRecord, base: ExperimentRecord) -> bool:
-        """Whether an experiment paired with ``current`` may start: one that is not the baseline
-        leaves room for the final measurement against the baseline should the candidate be kept."""
-        return current is base or ctx.experiments_left() >= 2
-
-    def _against_base(self, record: ExperimentRecord) -> bool:
-        return record.comparison is not None and record.comparison.against == self._base_id
-
-    def _helps(self, ctx: CampaignContext, candidate: ExperimentRecord, current: ExperimentRecord) -> bool:
-        """The paired rule at a factor of 1: the interval of candidate / current lies above 1."""
-        cmp = ctx.compare(candidate, current)
-        return cmp is not None and cmp.significant
+    def _comparator(self, ctx: CampaignContext, current: ExperimentRecord) -> ExperimentRecord:
+        """The fastest build when the evidence puts it ``SWITCH_GAIN`` above ``current`` (else ``current``)."""
+        board = ctx.leaderboard(1)
+        if not board or board[0].build == current.build or board[0].build not in self._configs:
+            return current
+        versus = ctx.versus(board[0], current)
+        return board[0] if versus is not None and versus.lo >= SWITCH_GAIN else current
 
     def _attempt(
         self, ctx: CampaignContext, config: Config, description: str, against: ExperimentRecord | None
     ) -> ExperimentRecord | None:
-        """Run ``config`` paired with ``against`` (None: the baseline) unless that ran already or
+        """Screen ``config`` paired with ``against`` (None: the baseline) unless that ran already or
         another sandbox owns the configuration."""
         if against is not None and against.build == self._base_id:
             against = None  # the campaign's default pairing
         key = (config_key(config), "" if against is None else against.build)
-        if key in self.tried:
+        if key in self.tried and self.tried[key].status != "timeout":
             return self.tried[key]
         if owner(config, ctx.sandboxes) != ctx.sandbox:
             return None
@@ -253,7 +374,13 @@ class SearchAgent:
                 parent=self._base_id,
                 description=f"{self._base_name} with {_diff(self._defaults, config) or 'its defaults'}",
             )
-        record = ctx.run_experiment(dest, description=description, against=against)
+        vs = (
+            ""
+            if against is None
+            else f" vs {_diff(self._defaults, self._configs.get(against.build, {})) or 'the comparator'}"
+        )
+        record = ctx.run_experiment(dest, description=description + vs, against=against, screen=True)
+        self._configs[record.build] = config
         self.tried[key] = record
         return record
 
