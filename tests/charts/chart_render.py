@@ -37,6 +37,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "labels": {"release": "kube-prometheus-stack"},
             "operator": {"enabled": True},
             "engines": {"enabled": True},
+            "dashboard": {
+                "enabled": True,
+                "namespace": "grafana",
+                "annotations": {"grafana_folder": "Polymorph"},
+            },
+            "prometheusRule": {"enabled": True, "alertLabels": {"team": "ml-platform"}},
         },
         "watchNamespaces": ["team-a"],
     },
@@ -51,7 +57,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "settings": {"prometheusUrl": "https://prom.example.com", "driftInterval": "5m", "logLevel": "debug"},
         "store": {"uri": "s3://fleet-builds/prod", "credentialsSecret": "store-creds"},
         "anthropic": {"apiKeySecret": {"name": "anthropic", "key": "token"}},
-        "monitoring": {"operator": {"enabled": True}, "engines": {"enabled": True}},
+        "monitoring": {
+            "operator": {"enabled": True},
+            "engines": {"enabled": True},
+            "dashboard": {"enabled": True},
+            "prometheusRule": {"enabled": True, "labels": {"role": "alert-rules"}},
+        },
         "networkPolicy": {
             "enabled": True,
             "store": {"cidrs": [], "peers": [{"namespaceSelector": {"matchLabels": {"name": "minio"}}}]},

@@ -35,7 +35,7 @@ from polymorph.handlers import settings as operator_flags
 
 KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
 # Kinds kubernetes-validate has no schema for; each is checked below against its own definition.
-CUSTOM_KINDS = {"PodMonitor", "ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+CUSTOM_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "KopfPeering", "ClusterKopfPeering"}
 CASES = list(VALUE_SETS.items())
 IDS = list(VALUE_SETS)
 
@@ -115,6 +115,19 @@ def test_kubernetes_validate_catches_a_bad_manifest(tmp_path: Path) -> None:
         ({"networkPolicy": {"store": {"cidrs": ["10.0.0.0"]}}}, "at '/networkPolicy/store/cidrs/0'"),
         ({"ports": {"health": 70000}}, "at '/ports/health': maximum: got 70,000, want 65,535"),
         ({"replica": 2}, "additional properties 'replica' not allowed"),
+        (
+            {"monitoring": {"prometheusRule": {"engineNotReady": {"for": "10 minutes"}}}},
+            "at '/monitoring/prometheusRule/engineNotReady/for': '10 minutes' does not match",
+        ),
+        (
+            {"monitoring": {"prometheusRule": {"rolloutStuck": {"factor": 0.5}}}},
+            "at '/monitoring/prometheusRule/rolloutStuck/factor': minimum: got 0.5, want 1",
+        ),
+        (
+            {"monitoring": {"dashboard": {"labels": {"grafana_dashboard": None}}}},
+            "at '/monitoring/dashboard/labels': minProperties",
+        ),
+        ({"monitoring": {"dashboard": {"enable": True}}}, "additional properties 'enable' not allowed"),
         (
             {"settings": {"prometheusURL": "http://p:9090"}},
             "additional properties 'prometheusURL' not allowed",
@@ -248,7 +261,7 @@ def test_one_replica_is_standalone_and_never_overlaps(replicas: int, strategy: s
 
 def test_settings_configmap_feeds_the_env_fallbacks() -> None:
     docs = render(VALUE_SETS["everything"])
-    data = one(docs, "ConfigMap")["data"]
+    data = one(docs, "ConfigMap", FULLNAME)["data"]
     assert data == {
         "POLYMORPH_PROMETHEUS_URL": "https://prom.example.com",
         "POLYMORPH_STORE": "s3://fleet-builds/prod",
@@ -276,7 +289,7 @@ def test_settings_configmap_feeds_the_env_fallbacks() -> None:
     # No Secret named: no secret is referenced anywhere, and the ConfigMap says so by omission.
     default = render({})
     assert not [e for e in _container(default)["env"] if "secretKeyRef" in e.get("valueFrom", {})]
-    assert not {k for k in one(default, "ConfigMap")["data"] if "SECRET" in k or "PEERING" in k}
+    assert not {k for k in one(default, "ConfigMap", FULLNAME)["data"] if "SECRET" in k or "PEERING" in k}
 
 
 def _config_checksum(values: dict[str, Any]) -> str:
@@ -363,6 +376,7 @@ def test_monitors_for_operator_and_engines(kind: str) -> None:
     assert engines["selector"] == {
         "matchExpressions": [{"key": "polymorph.dev/model-deployment", "operator": "Exists"}]
     }
+    assert operator[endpoints_key][0]["honorLabels"] is True  # the series' own namespace label wins
     assert engines[endpoints_key] == [
         {"port": "http", "path": "/metrics", "interval": "30s", "honorLabels": True}
     ]
@@ -459,11 +473,14 @@ def test_the_operator_accepts_the_charts_command_line_and_settings(case: str, va
     """The Deployment's args and the ConfigMap's POLYMORPH_* keys parse with the operator's own flags."""
     docs = render(values)
     container = _container(docs)
-    env = {**one(docs, "ConfigMap")["data"], **{e["name"]: "x" for e in container["env"] if "valueFrom" in e}}
+    env = {
+        **one(docs, "ConfigMap", FULLNAME)["data"],
+        **{e["name"]: "x" for e in container["env"] if "valueFrom" in e},
+    }
     parser = argparse.ArgumentParser()
     operator_flags.configure(parser)
     known = {"POLYMORPH_" + a.dest.upper() for a in parser._actions if a.dest != "help"}
-    assert set(one(docs, "ConfigMap")["data"]) <= known
+    assert set(one(docs, "ConfigMap", FULLNAME)["data"]) <= known
     assert container["args"][0] == "operator"
     config = operator_flags.from_args(parser.parse_args(container["args"][1:]), env)
     watched = values.get("watchNamespaces", [])
