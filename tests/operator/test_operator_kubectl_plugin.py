@@ -1,0 +1,238 @@
+"""``kubectl polymorph`` against the running system: the real kubectl finds the plugin, which reads
+and steers a deployment the real operator is rolling out; the live objects go through the real
+kstatus library and the Argo CD health script; a ``get -w`` screen is looked at through tmux."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from documents import SLOW, figures
+from operator_harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
+
+from support.go_tools import run_json
+from support.k8s_binaries import kubectl
+from support.k8s_emulator import EmulatorThread
+
+REPO = Path(__file__).resolve().parents[2]
+HEALTH = REPO / "resource_customizations" / "polymorph.dev"
+PLUGIN = Path(sys.executable).parent / "kubectl-polymorph"
+
+
+def deployment() -> dict[str, Any]:
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": NS},
+        "spec": {
+            "model": {"uri": "tiny"},
+            "hardware": {"accelerator": "cpu"},
+            "replicas": 4,
+            "recompile": {"enabled": False},
+            "build": {"policy": "Manual"},
+            "rollout": {
+                "steps": [{"weight": 25, "pause": "2s"}, {"weight": 50, "pause": "2s"}],
+                "analysis": {"interval": "2s", "failureLimit": 1},
+                "onFailure": "Pause",
+            },
+        },
+    }
+
+
+class Plugin:
+    """``kubectl polymorph ...`` through the real kubectl binary, which finds the plugin on PATH."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        assert PLUGIN.is_file(), f"{PLUGIN} is missing: the kubectl-polymorph entry point is not installed"
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "PATH": f"{PLUGIN.parent}{os.pathsep}{Path(kubectl()).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(kubectl()), "polymorph", *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        if ok:
+            assert done.returncode == 0, f"kubectl polymorph {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done
+
+    def view(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self("get", "md", "chat", "-n", NS, "-o", "json").stdout)
+        return result
+
+
+def live(api: Api) -> dict[str, Any]:
+    md = api.md("chat")
+    assert md is not None
+    return md
+
+
+def verdicts(api: Api) -> tuple[str, str]:
+    """(kstatus, Argo CD health) of the live object, from the real tools."""
+    obj = json.dumps(live(api))
+    ks = run_json("kstatus", [], obj)[0]["status"]
+    argo = run_json("argocd-lua", ["health", str(HEALTH / "ModelDeployment" / "health.lua")], obj)[0][
+        "status"
+    ]
+    return str(ks), str(argo)
+
+
+@pytest.fixture
+def tmux() -> Iterator[Callable[[str], str]]:
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed; .ci/run installs it with apt")
+    name = f"polymorph-{uuid.uuid4().hex[:8]}"
+    started: list[str] = []
+
+    def start(command: str) -> str:
+        subprocess.run(
+            ["tmux", "new-session", "-d", "-s", name, "-x", "170", "-y", "60", command],
+            check=True,
+            timeout=10,
+        )
+        started.append(name)
+        return name
+
+    yield start
+    for session in started:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False, timeout=10)
+
+
+def screen(session: str, escapes: bool = False) -> str:
+    args = ["tmux", "capture-pane", "-p", "-t", session] + (["-e"] if escapes else [])
+    return subprocess.run(args, capture_output=True, text=True, check=True, timeout=10).stdout
+
+
+def test_plugin_steers_a_manual_rollout(
+    cluster: tuple[EmulatorThread, Api, Path],
+    operator: Callable[..., OperatorProcess],
+    engines: Callable[..., FakeEngine],
+    kubelet: Kubelet,
+    tmux: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    _, api, kubeconfig = cluster
+    operator()
+    plugin = Plugin(kubeconfig)
+    listed = subprocess.run(
+        [str(kubectl()), "plugin", "list"], env=plugin.env, capture_output=True, text=True
+    )
+    assert "kubectl-polymorph" in listed.stdout, listed.stdout + listed.stderr
+
+    for _ in range(2):
+        engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
+    for _ in range(2):
+        engines("chat", "canary", SLOW).serve(prompt=64, generated=32, itl_s=0.04)  # fails analysis
+    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment())
+    wait_for("the stable Deployment", lambda: api.deployment("chat"))
+    candidate = {"id": SLOW, "uri": f"file:///store/{SLOW}", "figures": figures(130).model_dump()}
+    api.patch(
+        f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status", {"status": {"candidateBuild": candidate}}
+    )
+
+    # Waiting for approval: Reconciling (kstatus InProgress), Suspended in Argo CD.
+    wait_for("the approval wait", lambda: plugin.view()["conditions"] and any(c["reason"] == "WaitingForApproval" for c in plugin.view()["conditions"]), timeout=30)  # fmt: skip
+    view = plugin.view()
+    assert view["kstatus"] == "InProgress" and view["candidateBuild"]["id"] == SLOW
+    assert view["rollout"]["phase"] == "Idle" and view["policy"] == "Manual"
+    assert verdicts(api) == ("InProgress", "Suspended")
+
+    # Piped, `get` prints the plain tree: no escape codes.
+    text = plugin("get", "md", "chat", "-n", NS).stdout
+    assert "\x1b[" not in text
+    assert f"ModelDeployment {NS}/chat" in text and "Candidate" in text and SLOW[:19] in text
+    assert "waits for approval" in text
+
+    # The watch screen through tmux: rich on a terminal, redrawn as the rollout moves.
+    session = tmux(
+        f"env -u COLUMNS -u LINES KUBECONFIG={kubeconfig} PATH={plugin.env['PATH']} kubectl polymorph get md chat -n {NS} -w --interval 0.5"
+    )
+    wait_for("the watch screen", lambda: "Active build" in screen(session), timeout=20)
+    assert "\x1b[" in screen(session, escapes=True)  # coloured: rich saw a terminal
+    assert "└──" in screen(session) or "├──" in screen(session)
+
+    # approve: printed, then applied; the canary starts.
+    done = plugin("approve", "chat", "-n", NS)
+    assert (
+        f"kubectl -n {NS} annotate modeldeployment chat polymorph.dev/approve={SLOW} --overwrite"
+        in done.stdout
+    )
+    assert done.stdout.index("annotate") < done.stdout.index("applied")
+    assert live(api)["metadata"]["annotations"]["polymorph.dev/approve"] == SLOW
+    wait_for("step 1", lambda: plugin.view()["rollout"]["phase"] == "Progressing", timeout=30)
+    wait_for("the step on screen", lambda: "step 1/2" in screen(session) and "weight 25%" in screen(session), timeout=20)  # fmt: skip
+
+    # Two failed analyses: Paused (onFailure Pause): Stalled, kstatus Failed, Argo CD Suspended.
+    wait_for("Paused", lambda: plugin.view()["rollout"]["phase"] == "Paused", timeout=60)
+    view = plugin.view()
+    values = {a["name"]: a for a in view["rollout"]["analysis"]}
+    assert values["throughput"]["verdict"] == "Fail" and values["throughput"]["min"] == 0.98
+    assert view["kstatus"] == "Failed"
+    assert verdicts(api) == ("Failed", "Suspended")
+    text = plugin("get", "md", "chat", "-n", NS).stdout
+    assert "throughput" in text and "threshold >= 0.98" in text and "Fail" in text
+    (tmp_path / "watch-paused.txt").write_text(screen(session))
+    wait_for("Paused on screen", lambda: "Paused" in screen(session) and "threshold >= 0.98" in screen(session), timeout=20)  # fmt: skip
+
+    # retry: the approval was already set when it paused, so remove it, let the operator see that, set it again.
+    done = plugin("retry", "chat", "-n", NS)
+    assert "polymorph.dev/approve-" in done.stdout and f"polymorph.dev/approve={SLOW}" in done.stdout
+    wait_for("Resumed", lambda: api.events("Resumed"), timeout=30)
+
+    # abort: back to the stable build; Aborted reads Current / Healthy.
+    wait_for(
+        "in progress", lambda: plugin.view()["rollout"]["phase"] in ("Progressing", "Paused"), timeout=10
+    )
+    done = plugin("abort", "chat", "-n", NS)
+    assert "polymorph.dev/abort=true --overwrite" in done.stdout
+    wait_for("Aborted", lambda: plugin.view()["rollout"]["phase"] == "Aborted", timeout=30)
+    wait_for("Aborted on screen", lambda: "Aborted" in screen(session), timeout=20)
+    assert verdicts(api) == ("Current", "Healthy")
+    assert plugin("abort", "chat", "-n", NS, ok=False).returncode == 2  # nothing to abort now
+    done = plugin("retry", "chat", "-n", NS, "--dry-run")
+    assert "polymorph.dev/abort-" in done.stdout and "dry run" in done.stdout
+    assert live(api)["metadata"]["annotations"].get("polymorph.dev/abort") == "true"
+    plugin("retry", "chat", "-n", NS)
+    assert "polymorph.dev/abort" not in live(api)["metadata"]["annotations"]
+
+    # pin / unpin: the spec change, printed first.
+    done = plugin("pin", "chat", "-n", NS)
+    assert """--type merge -p '{"spec":{"build":{"pinned":"reference"}}}'""" in done.stdout
+    assert live(api)["spec"]["build"]["pinned"] == "reference"
+    try:
+        wait_for("pinned on screen", lambda: "pinned reference" in screen(session), timeout=20)
+    except AssertionError:
+        print(screen(session))
+        raise
+    plugin("unpin", "chat", "-n", NS)
+    assert "pinned" not in live(api)["spec"]["build"]
+
+    # list, plain and json
+    listed_text = plugin("list", "-n", NS).stdout
+    assert listed_text.splitlines()[0].split()[:4] == ["NAMESPACE", "NAME", "PHASE", "STATUS"]
+    assert any(line.split()[1] == "chat" for line in listed_text.splitlines()[1:])
+    assert [v["name"] for v in json.loads(plugin("list", "-A", "-o", "json").stdout)] == ["chat"]
+
+    # Bad input: one sentence, exit 2, no traceback.
+    for args, words in [
+        (("get", "pods", "chat", "-n", NS), "unknown kind 'pods'"),
+        (("approve", "nosuch", "-n", NS), f"ModelDeployment {NS}/nosuch not found."),
+        (("pin", "chat", "-n", NS, "--build", "latest"), "--build: 'latest' is not a build id"),
+        (("get", "md", "chat", "-w", "--interval", "soon"), "--interval"),
+        (("unpin", "chat", "-n", NS), "is not pinned"),
+    ]:
+        bad = plugin(*args, ok=False)
+        assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
+        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    time.sleep(0)
