@@ -217,6 +217,9 @@ class Fleet:
             store_secret=STORE_SECRET,
         ).start(timeout=60)
         self._stack.append(self.operator.stop)
+        # The operator's own /metrics too (the chart's dashboard and alerts read its series); no
+        # namespace target label, so its series keep the namespace of the object they are about.
+        targets.add(f"127.0.0.1:{self.operator.metrics_port}", job="polymorph-operator")
         self.executor = PodExecutor(self.kubeconfig, [NS], self.workdir, targets).start()
         self._stack.append(self.executor.close)
 

@@ -10,11 +10,14 @@ removed -> drift -> CompileJob -> sandbox experiments (SearchAgent, hot reload) 
 S3 -> canary at 33% and 66% -> analysis on live metrics -> promotion; drift back against the
 promoted build's profile held by the cooldown; ``policy: Manual`` never rolls out unapproved;
 approved, a candidate compiled from a deliberately slowed base fails analysis and rolls back.
-Asserts the final state, the status fields and the ordered Events with their numbers.
+Asserts the final state, the status fields and the ordered Events with their numbers; then
+every query of the chart's Grafana dashboard (``dashboard.py``) returns data from this run's
+Prometheus, which scrapes the operator as well as the engines.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -24,6 +27,7 @@ from typing import Any
 
 import pytest
 
+import dashboard
 from harness import Fleet
 from scenario import MD, Scenario
 
@@ -77,6 +81,7 @@ def test_fleet_loop_promotes_then_rolls_back_a_slower_build(fleet: Fleet) -> Non
 
 
 def _run(fleet: Fleet, story: Scenario) -> None:
+    since = time.time()
     # 1. Pinned: drift is measured, nothing compiles, nothing rolls out.
     pinned = story.apply_pinned()
     assert pinned["status"]["drift"]["score"] == 1.0
@@ -180,3 +185,10 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert re.match(r"step ([12]), failure 1 of 2", failed[-2]), failed
     assert failed[-1].startswith(failed[-2].split(",")[0] + ", failure 2 of 2"), failed
     assert len(messages(events, "RolledBack")) == 1 and reasons(events).count("Promoted") == 1
+
+    # 6. Every query of the chart's Grafana dashboard returns data from this run's Prometheus.
+    panels = dashboard.capture(
+        fleet.prometheus_url, since, time.time(), namespace="inference", model_deployment=MD
+    )
+    (fleet.workdir / "dashboard-capture.json").write_text(json.dumps(panels))
+    assert dashboard.missing(panels) == [], dashboard.missing(panels)
