@@ -254,3 +254,22 @@ def test_polymorph_compile_prints_the_report_chromium_opens(tmp_path: Path) -> N
     assert doc["experiments"]["total"] == 3
     if os.environ.get("POLYMORPH_REPORT_PNG"):  # for a person to look at
         screenshot(report, Path(os.environ["POLYMORPH_REPORT_PNG"]))
+
+
+def test_the_result_ring_and_row_are_on_the_record_the_result_stands_on() -> None:
+    """A build screened, then measured in full: two points; the result is marked once, on the
+    record whose interval the result reports."""
+    records = [
+        record(BASE, 0, 100.0, against=None),
+        record(build(7), 1, 125.0, screen=True, name="screened"),
+        record(build(7), 2, 121.0, name="in-full"),
+    ]
+    result = result_of(records)
+    assert result.best is not None and result.best.build == build(7) and result.best.speedupCi
+    pts = report_html.points(records, result)
+    (stands,) = [p for p in pts if [p.lo, p.hi] == result.best.speedupCi]
+    page = report_html.render(records, result)
+    assert page.count('class="best-ring"') == 1 and page.count('<tr class="result">') == 1
+    row = re.search(r'<tr class="result">.*?</tr>', page, re.S)
+    assert row is not None and f'<div class="name">{stands.record.name}</div>' in row.group(0)
+    assert page.count("(screen)") == 1

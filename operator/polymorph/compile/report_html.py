@@ -103,8 +103,30 @@ def _short(build: str) -> str:
     return build.removeprefix("sha256:")[:12] if build.startswith("sha256:") else build
 
 
-def _clock(seconds: float) -> str:
+def _clock(seconds: float, span: float | None = None) -> str:
+    """``12m05s`` (``3.4s`` on a plot spanning under two minutes, ``1.5h`` past an hour)."""
+    if (span if span is not None else seconds) < 120:
+        return f"{seconds:.1f}s" if seconds < 100 else f"{seconds:.0f}s"
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s" if seconds < 3600 else f"{seconds / 3600:.1f}h"
+
+
+def _result_point(pts: Sequence[Point], result: CampaignResult) -> Point | None:
+    """The experiment the result's best build stands on: of its records, the one whose interval
+    the result reports, else the one with the most pairs (a build may run screened, then in full)."""
+    if result.best is None:
+        return None
+    mine = [p for p in pts if p.record.build == result.best.build and p.speedup is not None]
+    ci = result.best.speedupCi
+    for p in mine:
+        if (
+            ci is not None
+            and p.lo is not None
+            and p.hi is not None
+            and math.isclose(p.lo, ci[0])
+            and math.isclose(p.hi, ci[1])
+        ):
+            return p
+    return max(mine, key=lambda p: (p.pairs, p.seconds), default=None)
 
 
 def _plot(pts: Sequence[Point], result: CampaignResult) -> str:
@@ -125,7 +147,7 @@ def _plot(pts: Sequence[Point], result: CampaignResult) -> str:
     def y(v: float) -> float:
         return PAD_TOP + h - (min(max(v, lo), hi) - lo) / (hi - lo) * h
 
-    best = result.best.build if result.best is not None else None
+    best = _result_point(pts, result)
     parts = [
         f'<svg id="speedup-plot" class="plot" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
         'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="speedup of each experiment over time">',
@@ -142,7 +164,7 @@ def _plot(pts: Sequence[Point], result: CampaignResult) -> str:
     for i in range(6):
         t = t_end * i / 5
         parts.append(
-            f'<text class="tick" x="{x(t):.1f}" y="{PAD_TOP + h + 18}" text-anchor="middle">{_clock(t)}</text>'
+            f'<text class="tick" x="{x(t):.1f}" y="{PAD_TOP + h + 18}" text-anchor="middle">{_clock(t, t_end)}</text>'
         )
     parts.append(
         f'<text class="axis" x="{PAD_LEFT + w / 2}" y="{HEIGHT - 6}" text-anchor="middle">time since the first experiment</text>'
@@ -200,7 +222,7 @@ def _plot(pts: Sequence[Point], result: CampaignResult) -> str:
             f'<g class="experiment {kind}"><title>{title}, {p.speedup:.3f}x{interval}</title>{ci}'
             f'<circle class="point" cx="{cx:.1f}" cy="{cy:.1f}" r="4.5"/></g>'
         )
-        if p.record.build == best:
+        if p is best:
             parts.append(f'<circle class="best-ring" cx="{cx:.1f}" cy="{cy:.1f}" r="9"/>')
     parts.append("</svg>")
     return "".join(parts)
@@ -226,24 +248,26 @@ def _knobs(knobs: dict[str, object]) -> str:
 def _leaderboard(pts: Sequence[Point], result: CampaignResult) -> str:
     scored = sorted((p for p in pts if p.speedup is not None), key=lambda p: (-(p.speedup or 0.0), p.seconds))
     unit = UNITS.get(result.objective.metric, "")
-    best = result.best.build if result.best is not None else None
+    best = _result_point(pts, result)
+    span = max((p.seconds for p in pts), default=0.0)
     rows = []
     for n, p in enumerate(scored, 1):
         assert p.record.figures is not None and p.speedup is not None
         value = objective_value(p.record.figures, result.objective)
         interval = f"[{p.lo:.3f}, {p.hi:.3f}]" if p.lo is not None and p.hi is not None else "[unbounded]"
-        mark = ' class="result"' if p.record.build == best else ""
+        mark = ' class="result"' if p is best else ""
+        pairs = (str(p.pairs) if p.paired else "unpaired") + (" (screen)" if p.record.screen else "")
         rows.append(
             f'<tr{mark}><td>{n}</td><td title="{_e(p.record.build)}"><code>{_e(_short(p.record.build))}</code>'
             f'<div class="name">{_e(p.record.name)}</div></td><td>{value:,.1f} {unit}</td>'
-            f"<td><b>{p.speedup:.3f}x</b></td><td>{interval}</td><td>{p.pairs if p.paired else 'unpaired'}</td>"
+            f"<td><b>{p.speedup:.3f}x</b></td><td>{interval}</td><td>{pairs}</td>"
             f'<td class="verdict {_e(p.verdict)}">{_e(p.verdict)}</td><td>{p.record.sandbox}</td>'
-            f"<td>{_clock(p.seconds)}</td><td>{_knobs(p.record.knobs)}</td></tr>"
+            f"<td>{_clock(p.seconds, span)}</td><td>{_knobs(p.record.knobs)}</td></tr>"
         )
     others = [p for p in pts if p.speedup is None]
     other_rows = "".join(
         f'<tr><td><code>{_e(_short(p.record.build))}</code><div class="name">{_e(p.record.name)}</div></td>'
-        f'<td class="verdict {_e(p.record.status)}">{_e(p.record.status)}</td><td>{_clock(p.seconds)}</td>'
+        f'<td class="verdict {_e(p.record.status)}">{_e(p.record.status)}</td><td>{_clock(p.seconds, span)}</td>'
         f"<td>{_e(p.record.error or '')}</td><td>{_knobs(p.record.knobs)}</td></tr>"
         for p in others
     )
@@ -307,7 +331,7 @@ h1 { font-size: 20px; margin: 0 0 8px; } h2 { font-size: 16px; margin: 24px 0 8p
 .state { display: inline-block; padding: 2px 10px; border-radius: 10px; font-weight: 600; background: #e8ecf0; }
 .state.improved { background: #d9f2dc; color: #185c25; } .state.noBaseline { background: #fbe0e0; color: #8a1c1c; }
 .message { margin: 6px 0 10px; } dl { display: grid; grid-template-columns: 130px 1fr; gap: 2px 12px; margin: 0; }
-dt { color: #5b6570; } dd { margin: 0; } code { font: 12px ui-monospace, 'DejaVu Sans Mono', monospace; }
+dt { color: #5b6570; } dd { margin: 0; overflow-wrap: anywhere; } code { font: 12px ui-monospace, 'DejaVu Sans Mono', monospace; }
 .plot .frame { fill: #fbfcfd; stroke: #d5dbe1; } .plot .grid { stroke: #e6eaee; }
 .plot .tick, .plot .gate-label { fill: #5b6570; font-size: 11px; } .plot .axis { fill: #39424b; font-size: 12px; }
 .plot .baseline { stroke: #8b949e; stroke-width: 1; } .plot .gate { stroke: #d1242f; stroke-dasharray: 6 4; stroke-width: 1.2; }
