@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from phases import GEN, compilejob_phases, deployment_phases
 
 from support.go_tools import go_tool, run_json
@@ -168,3 +169,15 @@ def test_the_testdata_fail_when_the_expectation_is_wrong(tmp_path: Path) -> None
     )
     done = subprocess.run([str(go_tool("argocd-lua")), "test", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 1 and "FAIL" in done.stdout and "got Healthy" in done.stdout
+
+
+def test_the_readme_snippet_is_the_scripts() -> None:
+    """The argocd-cm snippet in the README holds each health.lua word for word."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("```yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: argocd-cm")
+    doc = yaml.safe_load(text[start + len("```yaml\n") : text.index("```\n", start + 8)])
+    for kind in ("ModelDeployment", "CompileJob"):
+        assert (
+            doc["data"][f"resource.customizations.health.polymorph.dev_{kind}"]
+            == (CUSTOM / kind / "health.lua").read_text()
+        ), kind
