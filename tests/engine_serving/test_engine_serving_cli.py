@@ -59,7 +59,8 @@ def test_serve_a_store_build_and_flush_the_trace_on_sigterm(tmp_path: Path) -> N
         tmp_path,
     )  # fmt: skip
     try:
-        assert httpx.get(f"{url}/readyz").json() == {"status": "ready", "build": build}
+        trace = {"written": 0, "dropped": 0, "writeErrors": 0, "lastError": None}
+        assert httpx.get(f"{url}/readyz").json() == {"status": "ready", "build": build, "trace": trace}
         assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["chat", "tiny"]
         plain = httpx.post(
             f"{url}/v1/completions", json={"model": "chat", "prompt": "hello", "max_tokens": 4}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -13,18 +12,19 @@ from operator_harness import REPO
 from polymorph.errors import UsageError
 from polymorph.handlers.registry import kopf_settings
 from polymorph.handlers.settings import OperatorConfig, configure, from_args
+from polymorph.inputs import Parser
 
 BASE = ["--namespace", "a", "--prometheus-url", "http://prom:9090", "--store", "s3://bucket/store"]
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> OperatorConfig:
-    parser = argparse.ArgumentParser()
+    parser = Parser()  # the class every polymorph command parses with
     configure(parser)
     return from_args(parser.parse_args(argv), env or {})
 
 
 def test_flags() -> None:
-    config = parse([*BASE, "--namespace", "b", "--drift-interval", "2m", "--rollout-interval", "0.5", "--standalone",
+    config = parse([*BASE, "--namespace", "b", "--drift-interval", "2m", "--rollout-interval", "500ms", "--standalone",
                     "--store-secret", "creds", "--metrics-port", "9100"])  # fmt: skip
     assert config.namespaces == ("a", "b") and not config.all_namespaces
     assert config.drift_interval_s == 120 and config.rollout_interval_s == 0.5
@@ -62,8 +62,55 @@ def test_environment_fallbacks() -> None:
             "--prometheus-url (or POLYMORPH_PROMETHEUS_URL) is required: the http(s):// URL of Prometheus",
         ),
         (["--namespace", "a", "--prometheus-url", "http://p"], "--store is required"),
-        ([*BASE, "--drift-interval", "soon"], "--drift-interval must be a duration such as 30s, 1m or 6h"),
-        ([*BASE, "--rollout-interval", "0"], "--rollout-interval must be more than 0 seconds"),
+        (
+            [*BASE, "--drift-interval", "soon"],
+            "--drift-interval: 'soon' is not a duration; use a positive whole",
+        ),
+        (
+            [*BASE, "--rollout-interval", "0"],
+            "--rollout-interval: '0' is not a duration (durations must be positive)",
+        ),
+        ([*BASE, "--rollout-interval", "30"], "--rollout-interval: '30' is not a duration (add a unit: 30s)"),
+        (
+            [*BASE, "--rollout-interval", "0.5"],
+            "--rollout-interval: '0.5' is not a duration (whole numbers only: 500ms)",
+        ),
+        (
+            [*BASE, "--drift-interval", "-5m"],
+            "--drift-interval: '-5m' is not a duration (durations must be positive)",
+        ),
+        (
+            [*BASE, "--drift-interval", "400d"],
+            "--drift-interval: '400d' is longer than the longest duration allowed",
+        ),
+        (
+            ["--namespace", "a", "--prometheus-url", "http://[::1", "--store", "/s"],
+            "--prometheus-url must be an http(s):// URL (Invalid IPv6 URL)",
+        ),
+        (
+            ["--namespace", "a", "--prometheus-url", "http://127.0.0.1:99999", "--store", "/s"],
+            "--prometheus-url must be an http(s):// URL (Port out of range",
+        ),
+        (
+            ["--namespace", "a", "--prometheus-url", "ftp://p", "--store", "/s"],
+            "--prometheus-url must be an http(s):// URL such as",
+        ),
+        (
+            ["--namespace", "a", "--prometheus-url", "http://p", "--store", "store"],
+            "--store 'store' is a relative path",
+        ),
+        (
+            ["--namespace", "a", "--prometheus-url", "http://p", "--store", "./.polymorph/store"],
+            "--store './.polymorph/store' is a relative path",
+        ),
+        (
+            [*BASE, "--metrics-port", "9" * 5000],
+            "--metrics-port must be a port number from 1 to 65535; got '999",
+        ),
+        (
+            [*BASE, "--peering-priority", "9" * 5000],
+            "--peering-priority must be a whole number from 0 to 2147483647",
+        ),
         ([*BASE, "--metrics-port", "99999"], "--metrics-port must be a port number from 1 to 65535"),
         ([*BASE, "--log-level", "loud"], "--log-level must be one of debug, info, warning, error"),
         (

@@ -58,8 +58,8 @@ class OperatorProcess:
             *(["--standalone"] if standalone else []),
             "--metrics-port", str(self.metrics_port),
             "--health-port", str(self.health_port),
-            "--drift-interval", flags.pop("drift_interval", "1"),
-            "--rollout-interval", flags.pop("rollout_interval", "0.5"),
+            "--drift-interval", flags.pop("drift_interval", "1s"),
+            "--rollout-interval", flags.pop("rollout_interval", "500ms"),
         ]  # fmt: skip
         for key, value in flags.items():
             self.args += [f"--{key.replace('_', '-')}", value]

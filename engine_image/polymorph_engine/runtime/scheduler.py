@@ -6,6 +6,8 @@ Owns: the waiting queue, slot assignment, and the step loop. Each ``step()``:
      token; a request admitted here joins the batch at the *next* step's decode;
   3. runs one batched decode over every request that was already running, emitting one
      token each.
+A request with ``sampling`` has its tokens drawn by a ``sampling.Sampler`` from its row of the
+logits; every other request gets the build's greedy ``sample``.
 A request leaves (its slot is freed) as soon as it finishes: ``max_new_tokens`` reached,
 ``eos_id`` produced (``finish_reason="stop"``), or its sequence filled ``max_seq_len``
 (``finish_reason="length"`` in both length cases).
@@ -32,6 +34,7 @@ from typing import Any, Literal
 import torch
 
 from polymorph_engine.runtime.hotpath import HotPath
+from polymorph_engine.runtime.sampling import Sampler, Sampling
 
 __all__ = ["FinishReason", "Request", "Scheduler"]
 
@@ -49,11 +52,14 @@ class Request:
     prompt: Sequence[int]
     max_new_tokens: int
     stop_at_eos: bool = True
+    sampling: Sampling | None = None
+    """None: greedy, the build's ``sample`` (verification and benchmarks); else drawn by a ``Sampler``."""
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     output: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     slot: int | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
+    _sampler: Sampler | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -156,7 +162,11 @@ class Scheduler:
             assert request.slot is not None
             prompt = torch.as_tensor(list(request.prompt), dtype=torch.int64, device=self.device)  # [S]
             logits = self.hotpath.prefill(self._cache, request.slot, prompt)  # [V]
-            token = int(self.hotpath.sample(logits.unsqueeze(0))[0].item())
+            if request.sampling is not None:
+                request._sampler = Sampler(request.sampling, logits.device)
+                token = request._sampler.draw(logits)
+            else:
+                token = int(self.hotpath.sample(logits.unsqueeze(0))[0].item())
             events.append((request, token))
             self._emit(request, token)
         if previously_running:
@@ -168,6 +178,9 @@ class Scheduler:
             )
             logits = self.hotpath.decode(self._cache, slots, last)  # [B, V]
             tokens: list[int] = self.hotpath.sample(logits).tolist()  # one device sync per step
+            for i, request in enumerate(previously_running):
+                if request._sampler is not None:  # a sampled request: its own row, its own generator
+                    tokens[i] = request._sampler.draw(logits[i])
             for request, token in zip(previously_running, tokens, strict=True):
                 events.append((request, int(token)))
                 self._emit(request, int(token))

@@ -96,7 +96,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--track",
-        choices=("stable", "canary"),
+        metavar="stable|canary",
         default=os.environ.get("POLYMORPH_TRACK", "stable"),
         help="the track metric label the rollout analysis compares (default $POLYMORPH_TRACK, else stable)",
     )
@@ -239,7 +239,9 @@ def _check_flags(args: argparse.Namespace) -> None:
     """What argparse's types cannot see alone: flags that depend on each other, and defaults from
     the environment (argparse checks no default against ``choices``)."""
     if args.track not in ("stable", "canary"):
-        raise UsageError(f"--track (or $POLYMORPH_TRACK) must be stable or canary, got {args.track[:40]!r}.")
+        raise UsageError(
+            f"--track must be stable or canary (also in $POLYMORPH_TRACK), got {args.track[:40]!r}."
+        )
     if args.trace_sample_rate > 0 and not args.store:
         raise UsageError("--trace-sample-rate needs --store, where the trace is written.")
 

@@ -4,11 +4,18 @@ Contract:
 - ``CompletionRequest`` is the wire model of a completions body. It is parsed straight from
   the bytes by pydantic (``model_validate_json``), whose JSON parser bounds nesting depth and
   number size, so a body of 100,000 ``[`` or a 5,000-digit ``max_tokens`` is a 400, never a
-  crash. Fields OpenAI defines that a greedy engine ignores (``temperature``, ``top_p``, ...)
-  are accepted and ignored.
+  crash. No field is ignored: a field this engine does not know, or one it does not implement
+  at a value other than its neutral one (``presence_penalty`` 0, ``best_of`` 1, ...), is a 400
+  naming it. A JSON string holding half of a UTF-16 surrogate pair (``"\\ud800"``) is a 400
+  saying so.
 - ``parse_completion_request(body, ...)`` turns a body into a ``CompletionParams`` or raises
-  ``RequestError`` naming the offending field (``param``) in one sentence. Decoding is always
-  greedy; ``n`` must be 1; ``logprobs`` and ``echo`` are not supported. ``prompt`` is a string
+  ``RequestError`` naming the offending field (``param``) in one sentence. Decoding is greedy
+  unless ``temperature`` > 0 (at most 2): then tokens are sampled, within ``top_p`` (0 < p <= 1)
+  and from ``seed`` when given (``polymorph_engine.runtime.sampling``). Unlike OpenAI's default
+  of 1, an absent ``temperature`` is 0, greedy: what the engine serves is then what
+  verification checked. ``n`` and ``best_of`` must be 1; ``logprobs``, ``echo``, ``suffix``,
+  ``logit_bias`` and nonzero penalties are not supported; ``user`` is accepted (OpenAI's label
+  for the caller; it changes no output). ``prompt`` is a string
   (tokenised) or a list of token ids (or a one-element list of either); ``max_tokens``
   defaults to 16; ``stop`` is a string or up to 4 strings.
 - ``parse_body(model, body)`` does the same for any other body model (the sandbox admin's).
@@ -24,12 +31,15 @@ computes. It needs of a tokenizer only ``TextTokenizer``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
+
+from polymorph_engine.runtime.sampling import MAX_TEMPERATURE, Sampling
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -97,16 +107,25 @@ class StreamOptions(BaseModel):
 class CompletionRequest(BaseModel):
     """The body of ``POST /v1/completions`` as OpenAI defines it (the fields this engine reads)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)  # sampling fields are accepted and ignored
+    model_config = ConfigDict(extra="forbid", strict=True)  # no field is accepted and ignored
     model: str | None = None
     prompt: str | list[int] | list[str] | list[list[int]] | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
     n: int = 1
+    best_of: int | None = None
     logprobs: int | None = None
     echo: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    suffix: str | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +138,12 @@ class CompletionParams:
     stream: bool
     include_usage: bool
     model: str
+    sampling: Sampling | None = None
+    """None: greedy decoding (``temperature`` absent or 0)."""
 
+
+MAX_SEED = 2**63 - 1
+"""The largest ``seed`` (a torch generator takes 64 bits)."""
 
 # What a wrong type in each field means, in words (pydantic's own phrasing names Python types).
 _FIELD_WORDS = {
@@ -132,6 +156,15 @@ _FIELD_WORDS = {
     "n": "n must be 1 (one completion per request)",
     "logprobs": "logprobs is not supported by this engine; leave it out",
     "echo": "echo is not supported by this engine; leave it out or set it to false",
+    "temperature": f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (0, the default here, is greedy)",
+    "top_p": "top_p must be a number > 0 and <= 1",
+    "seed": f"seed must be an integer from 0 to {MAX_SEED}",
+    "best_of": "best_of must be 1 (one completion per request)",
+    "presence_penalty": "presence_penalty is not supported by this engine; leave it out or set it to 0",
+    "frequency_penalty": "frequency_penalty is not supported by this engine; leave it out or set it to 0",
+    "logit_bias": "logit_bias is not supported by this engine; leave it out",
+    "suffix": "suffix is not supported by this engine; leave it out",
+    "user": "user must be a string",
 }
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -142,10 +175,29 @@ def _refusal(error: ErrorDetails, words: dict[str, str]) -> RequestError:
     loc = error["loc"]
     if error["type"] == "json_invalid":
         detail = str((error.get("ctx") or {}).get("error", error["msg"]))
+        if "surrogate" in detail or "hex escape" in detail:
+            return RequestError(
+                f"the request body holds a \\u escape that is half of a UTF-16 surrogate pair ({detail}); "
+                "JSON strings must hold whole Unicode characters (a pair such as \\ud83d\\ude00, or the "
+                "character itself in UTF-8).",
+                code="invalid_unicode",
+            )
+        if "unicode" in detail:
+            return RequestError(
+                f"the request body is not valid UTF-8 ({detail}); send JSON encoded as UTF-8.",
+                code="invalid_unicode",
+            )
         return RequestError(f"the request body is not valid JSON ({detail}).", code="invalid_json")
     if not loc:
         return RequestError("the request body must be a JSON object.", code="invalid_json")
     field = str(loc[0])
+    if error["type"] == "extra_forbidden" and len(loc) == 1 and field not in words:
+        known = ", ".join(words) if words else "none"
+        return RequestError(
+            f"{field[:60]!r} is not a field of this request; the fields are: {known}.",
+            param=field[:60],
+            code="unknown_field",
+        )
     text = words.get(field, f"{field} is not valid ({error['msg'].lower()})")
     return RequestError(f"{text}.", param=field)
 
@@ -202,8 +254,40 @@ def parse_completion_request(
         raise RequestError(f"{_FIELD_WORDS['logprobs']}.", param="logprobs")
     if req.echo:
         raise RequestError(f"{_FIELD_WORDS['echo']}.", param="echo")
+    _refuse_unsupported(req)
     include_usage = req.stream_options is not None and req.stream_options.include_usage
-    return CompletionParams(tuple(prompt_ids), max_tokens, stop, req.stream, include_usage, model)
+    return CompletionParams(
+        tuple(prompt_ids), max_tokens, stop, req.stream, include_usage, model, _sampling(req)
+    )
+
+
+def _sampling(req: CompletionRequest) -> Sampling | None:
+    """The request's ``Sampling``, or None for greedy decoding; ``RequestError`` naming a bad field."""
+    temperature = 0.0 if req.temperature is None else req.temperature
+    if not (math.isfinite(temperature) and 0 <= temperature <= MAX_TEMPERATURE):
+        raise RequestError(f"{_FIELD_WORDS['temperature']}, got {temperature:g}.", param="temperature")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise RequestError(f"{_FIELD_WORDS['top_p']}, got {top_p:g}.", param="top_p")
+    if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
+        raise RequestError(f"{_FIELD_WORDS['seed']}, got {str(req.seed)[:30]}.", param="seed")
+    if temperature == 0:
+        return None  # greedy: the arg max is in every nucleus and needs no seed
+    return Sampling(temperature=temperature, top_p=top_p, seed=req.seed)
+
+
+def _refuse_unsupported(req: CompletionRequest) -> None:
+    """A field this engine does not implement is refused unless it holds its neutral value."""
+    neutral = {
+        "best_of": req.best_of in (None, 1),
+        "presence_penalty": req.presence_penalty in (None, 0),
+        "frequency_penalty": req.frequency_penalty in (None, 0),
+        "logit_bias": not req.logit_bias,
+        "suffix": not req.suffix,
+    }
+    for field, ok in neutral.items():
+        if not ok:
+            raise RequestError(f"{_FIELD_WORDS[field]}.", param=field)
 
 
 def _prompt_ids(prompt: Any, tokenizer: TextTokenizer, vocab_size: int) -> list[int]:

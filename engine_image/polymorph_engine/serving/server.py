@@ -181,7 +181,12 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
             body["build"] = service.build_id
             trace = service.metrics.trace_counts()
             if trace:  # traces are sampled: whether they reach the store (serving goes on either way)
-                body["trace"] = {**trace, "lastError": service.metrics.trace_error}
+                body["trace"] = {
+                    "written": trace["written"],
+                    "dropped": trace["dropped"],
+                    "writeErrors": trace["write_errors"],
+                    "lastError": service.metrics.trace_error,
+                }
         return _json(200 if ready else 503, body)
 
     async def metrics(_: web.Request) -> web.Response:

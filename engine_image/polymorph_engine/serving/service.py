@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import torch
 
+from polymorph_engine.runtime.sampling import Sampling
 from polymorph_engine.runtime.scheduler import Request, Scheduler
 from polymorph_engine.serving.metrics import RequestObservation, ServerMetrics
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, TextTokenizer, stop_scan
@@ -211,8 +212,11 @@ class CompletionService:
         with self._lock:
             return len(self._live)
 
-    def submit(self, prompt_ids: Sequence[int], max_tokens: int, sink: Sink) -> _Job:
-        """Admit one request, or raise a 503 ``RequestError`` at once (see the module contract)."""
+    def submit(
+        self, prompt_ids: Sequence[int], max_tokens: int, sink: Sink, sampling: Sampling | None = None
+    ) -> _Job:
+        """Admit one request, or raise a 503 ``RequestError`` at once (see the module contract).
+        ``sampling`` None is greedy decoding."""
         with self._lock:
             if not self.ready:
                 raise RequestError(
@@ -229,7 +233,7 @@ class CompletionService:
                     code="overloaded",
                     retry_after=RETRY_AFTER_S,
                 )
-            job = _Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens), sink)
+            job = _Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens, sampling=sampling), sink)
             self._live.add(job)
         self._inbox.put(job)
         return job
@@ -393,7 +397,11 @@ class CompletionService:
         for job in finished:
             self._deliver(job, _Finished(str(job.request.finish_reason), now))
         for job in waiting:  # never started: they were not in the batch that failed
-            job.request = Request(prompt=job.request.prompt, max_new_tokens=job.request.max_new_tokens)
+            job.request = Request(
+                prompt=job.request.prompt,
+                max_new_tokens=job.request.max_new_tokens,
+                sampling=job.request.sampling,
+            )
             self._admit(job, [])
 
     def _sweep(self, now: float) -> None:
@@ -426,7 +434,7 @@ class Completion:
         def sink(event: _Event) -> None:  # called on the engine thread
             loop.call_soon_threadsafe(self._events.put_nowait, event)
 
-        self._job = service.submit(params.prompt_ids, params.max_tokens, sink)
+        self._job = service.submit(params.prompt_ids, params.max_tokens, sink, params.sampling)
         service.metrics.request_started()
 
     def abandon(self) -> None:

@@ -107,6 +107,30 @@ class KubeClient:
         self._api = kubernetes.client.ApiClient(configuration or load_configuration())
         self._timeout = timeout
 
+    @property
+    def host(self) -> str:
+        """The API server's URL, as the configuration names it."""
+        return str(self._api.configuration.host)
+
+    def probe(self, timeout: float = 5.0) -> None:
+        """Ask the API server for its ``/version`` once, without retries; ``KubeError`` naming the
+        server when it does not answer (the operator checks this before it starts, so an
+        unreachable server is one line at once, not a minute of retries)."""
+        url = self.host.rstrip("/") + "/version"
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, timeout=urllib3.Timeout(connect=timeout, read=timeout), retries=False
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise KubeError(
+                0, f"the Kubernetes API server {self.host} is unreachable: {_short(reason)}"
+            ) from None
+        if response.status >= 500:
+            raise KubeError(
+                response.status, f"the Kubernetes API server {self.host} answered {response.status}"
+            )
+
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         _, url, headers, _, _ = self._api.param_serialize(
@@ -166,6 +190,16 @@ class KubeClient:
                 return False
             raise
         return True
+
+
+def _short(reason: object) -> str:
+    """An exception's reason in one short line (urllib3 nests the socket error in its text)."""
+    text = " ".join(str(reason).split())
+    if "] " in text and text.startswith(
+        "<"
+    ):  # "<urllib3.connection...>: Failed to establish ...: [Errno 111] ..."
+        text = text.split(">: ", 1)[-1]
+    return text[:200]
 
 
 def contains(actual: Any, wanted: Any) -> bool:

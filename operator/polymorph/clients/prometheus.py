@@ -62,6 +62,25 @@ class PrometheusQuery:
         retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504))
         self._client = PrometheusConnect(url=self.url, disable_ssl=False, timeout=timeout, retry=retry)
 
+    def probe(self, timeout: float = 5.0) -> None:
+        """Ask Prometheus for its build info once, without retries; ``PrometheusUnavailable``
+        naming the server when it does not answer as Prometheus does (checked at start-up)."""
+        url = f"{self.url}/api/v1/status/buildinfo"
+        try:
+            response = requests.get(url, timeout=timeout)
+            ok = response.status_code == 200 and response.json().get("status") == "success"
+        except requests.RequestException as exc:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.url} is unreachable: {type(exc).__name__}"
+            ) from None
+        except ValueError:
+            ok = False
+        if not ok:
+            raise PrometheusUnavailable(
+                f"{self.url} does not answer as Prometheus does (GET /api/v1/status/buildinfo: "
+                f"{response.status_code}); check --prometheus-url"
+            )
+
     def __call__(self, promql: str) -> list[Series]:
         try:
             return _parse(self._client.custom_query(promql))

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["OperatorMetrics", "configure_logging", "drop", "object_log"]
+__all__ = ["OperatorMetrics", "configure_logging", "drop", "object_log", "one_line_exception"]
 
 
 def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -39,8 +39,29 @@ def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMap
     return event
 
 
+def one_line_exception(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """An exception in a log line becomes ``"error": "Type: message"`` (one line, at most 300
+    characters), never a traceback: a JSON line holds no stack, and no input a client sent is
+    echoed at length. ``--log-level debug`` keeps full tracebacks."""
+    exc_info = event.pop("exc_info", None)
+    if exc_info is True:
+        exc_info = sys.exc_info()
+    if isinstance(exc_info, BaseException):
+        exc = exc_info
+    elif isinstance(exc_info, tuple) and len(exc_info) == 3:
+        exc = exc_info[1]
+    else:
+        return event
+    if exc is not None:
+        text = " ".join(str(exc).split())
+        error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        event.setdefault("error", error[:300])
+    return event
+
+
 def configure_logging(level: str = "info") -> None:
-    """JSON lines on stderr for structlog and stdlib (kopf) loggers alike."""
+    """JSON lines on stderr for structlog and stdlib (kopf) loggers alike; exceptions are one
+    ``error`` field (``one_line_exception``) unless ``level`` is ``debug``."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -51,7 +72,7 @@ def configure_logging(level: str = "info") -> None:
         foreign_pre_chain=[*shared, _kopf_object],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
+            structlog.processors.format_exc_info if level == "debug" else one_line_exception,
             structlog.processors.JSONRenderer(),
         ],
     )

@@ -24,14 +24,14 @@ import asyncio
 
 import kopf
 
-from polymorph.clients.kube import KubeClient
-from polymorph.clients.prometheus import CountingQuery, PrometheusQuery
+from polymorph.clients.kube import KubeClient, KubeError
+from polymorph.clients.prometheus import CountingQuery, PrometheusQuery, PrometheusUnavailable
 from polymorph.errors import UsageError
 from polymorph.handlers import settings as flags
 from polymorph.handlers.context import AnalysisCache, Context, Freshness, Health
 from polymorph.handlers.observability import OperatorMetrics, configure_logging, object_log
 from polymorph.handlers.registry import build_registry, kopf_settings
-from polymorph.store import open_store
+from polymorph.store import check_writable, open_store
 
 __all__ = ["build_context", "configure", "run"]
 
@@ -40,17 +40,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.configure(parser)
 
 
-def build_context(config: flags.OperatorConfig) -> Context:
+def build_context(config: flags.OperatorConfig, *, probe: bool = True) -> Context:
+    """The shared context. With ``probe`` (start-up), the Kubernetes API server, Prometheus and the
+    store are each asked once, without retries: one that does not answer is a ``UsageError``
+    naming it, before kopf starts (kopf itself would retry for about a minute)."""
     metrics = OperatorMetrics()
     try:
         kube = KubeClient()
     except Exception as exc:  # the kubernetes package raises several kinds for a missing config
         raise UsageError(f"no Kubernetes configuration: set KUBECONFIG or run in a cluster ({exc})") from None
+    prometheus = PrometheusQuery(config.prometheus_url)
+    store = open_store(config.store)
+    if probe:
+        try:
+            kube.probe()
+        except KubeError as exc:
+            raise UsageError(f"{exc}; check KUBECONFIG or the in-cluster service account") from None
+        try:
+            prometheus.probe()
+        except PrometheusUnavailable as exc:
+            raise UsageError(f"{exc} (--prometheus-url)") from None
+        check_writable(store, "--store", config.store, prefix="compilejobs")
     return Context(
         config=config,
         kube=kube,
-        query=CountingQuery(PrometheusQuery(config.prometheus_url), metrics.on_query),
-        store=open_store(config.store),
+        query=CountingQuery(prometheus, metrics.on_query),
+        store=store,
         metrics=metrics,
         health=Health(),
         analysis=AnalysisCache(max_age_s=max(0.5, config.rollout_interval_s / 2)),

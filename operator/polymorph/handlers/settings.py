@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from polymorph.api import parse_duration
 from polymorph.core.resources import ClusterSettings
 from polymorph.errors import UsageError
+from polymorph.inputs import check_http_url, shown
 
 __all__ = ["OperatorConfig", "configure", "from_args", "parse_interval", "random_priority"]
 
-_NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 PRIORITY_MAX = 2**31 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -54,17 +54,12 @@ class OperatorConfig:
 
 
 def parse_interval(value: str, flag: str) -> float:
-    """Seconds from ``30s``/``1m``/``6h``/``1d`` or a plain number of seconds (``0.5``)."""
-    text = value.strip()
+    """Seconds in ``value``: the one duration syntax of every command and manifest
+    (``polymorph.api.parse_duration``: ``500ms``, ``30s``, ``1m``, ``6h``, ``1d``)."""
     try:
-        seconds = float(text) if _NUMBER.match(text) else parse_duration(text)
-    except ValueError:
-        raise UsageError(
-            f"{flag} must be a duration such as 30s, 1m or 6h, or a number of seconds; got {value!r}"
-        ) from None
-    if seconds <= 0:
-        raise UsageError(f"{flag} must be more than 0 seconds; got {value!r}")
-    return seconds
+        return parse_duration(value.strip())
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _env(name: str) -> str:
@@ -79,34 +74,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NS",
-        help="watch NS (repeatable; $POLYMORPH_NAMESPACE, comma-separated)",
+        help="watch NS (repeatable; $POLYMORPH_NAMESPACE, comma-separated); this or --all-namespaces is required",
     )
     add(
         "--all-namespaces",
         action="store_true",
         default=None,
-        help="watch every namespace ($POLYMORPH_ALL_NAMESPACES)",
+        help="watch every namespace (default off; $POLYMORPH_ALL_NAMESPACES)",
     )
-    add("--prometheus-url", help="Prometheus base URL ($POLYMORPH_PROMETHEUS_URL)")
-    add("--store", help="artifact store: s3://bucket/prefix or a shared path ($POLYMORPH_STORE)")
+    add(
+        "--prometheus-url",
+        help="Prometheus base URL, http(s)://; checked at start-up (required; $POLYMORPH_PROMETHEUS_URL)",
+    )
+    add(
+        "--store",
+        help="artifact store: s3://bucket/prefix or an absolute path every pod shares; checked writable at "
+        "start-up (required; $POLYMORPH_STORE)",
+    )
     add(
         "--store-secret",
-        help="Secret with the store's AWS_* credentials, passed to pods ($POLYMORPH_STORE_SECRET)",
+        help="Secret with the store's AWS_* credentials, passed to pods (default none; $POLYMORPH_STORE_SECRET)",
     )
     add(
         "--anthropic-secret-name",
-        help="default Secret with the Anthropic key ($POLYMORPH_ANTHROPIC_SECRET_NAME)",
+        help="default Secret with the Anthropic key (default none; $POLYMORPH_ANTHROPIC_SECRET_NAME)",
     )
     add("--anthropic-secret-key", help="its key (default api-key; $POLYMORPH_ANTHROPIC_SECRET_KEY)")
-    add("--sandbox-image", help="image of the sandbox containers ($POLYMORPH_SANDBOX_IMAGE)")
-    add("--fetch-image", help="image of the s3:// weights init container ($POLYMORPH_FETCH_IMAGE)")
+    add(
+        "--sandbox-image",
+        help=f"image of the sandbox containers (default {ClusterSettings.sandbox_image}; $POLYMORPH_SANDBOX_IMAGE)",
+    )
+    add(
+        "--fetch-image",
+        help=f"image of the s3:// weights init container (default {ClusterSettings.fetch_image}; "
+        "$POLYMORPH_FETCH_IMAGE)",
+    )
     add(
         "--drift-interval",
-        help="time between fleet drift cycles, e.g. 1m (default 1m; $POLYMORPH_DRIFT_INTERVAL)",
+        help="time between fleet drift cycles, a duration such as 1m (default 1m; $POLYMORPH_DRIFT_INTERVAL)",
     )
     add(
         "--rollout-interval",
-        help="time between rollout ticks, e.g. 30s (default 30s; $POLYMORPH_ROLLOUT_INTERVAL)",
+        help="time between rollout ticks, a duration such as 30s or 500ms (default 30s; "
+        "$POLYMORPH_ROLLOUT_INTERVAL)",
     )
     add("--metrics-port", help="port of the operator's /metrics (default 9090; $POLYMORPH_METRICS_PORT)")
     add("--health-port", help="port of GET /healthz (default 8080; $POLYMORPH_HEALTH_PORT)")
@@ -114,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--standalone",
         action="store_true",
         default=None,
-        help="no kopf peering: a single replica ($POLYMORPH_STANDALONE)",
+        help="no kopf peering: a single replica (default off; $POLYMORPH_STANDALONE)",
     )
     add("--peering", help="kopf peering object shared by replicas (default polymorph; $POLYMORPH_PEERING)")
     add(
@@ -126,8 +136,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _port(value: str, flag: str) -> int:
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise UsageError(f"{flag} must be a port number from 1 to 65535; got {value!r}")
+    if len(value) > 5 or not value.isdigit() or not 0 < int(value) < 65536:
+        raise UsageError(f"{flag} must be a port number from 1 to 65535; got {shown(value)}")
     return int(value)
 
 
@@ -140,8 +150,10 @@ def _priority(value: str | None) -> int:
     if value is None or not value.strip():
         return random_priority()
     text = value.strip()
-    if not text.isdigit() or int(text) > PRIORITY_MAX:
-        raise UsageError(f"--peering-priority must be a whole number from 0 to {PRIORITY_MAX}; got {value!r}")
+    if len(text) > 10 or not text.isdigit() or int(text) > PRIORITY_MAX:
+        raise UsageError(
+            f"--peering-priority must be a whole number from 0 to {PRIORITY_MAX}; got {shown(value)}"
+        )
     return int(text)
 
 
@@ -175,25 +187,32 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     if not namespaces and not all_namespaces:
         raise UsageError("say what to watch: --namespace NS (repeatable) or --all-namespaces")
     for ns in namespaces:
-        if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", ns):
+        if len(ns) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", ns):
             raise UsageError(
-                f"--namespace {ns!r} is not a namespace name (lowercase letters, digits and '-')"
+                f"--namespace {shown(ns)} is not a namespace name (at most 63 lowercase letters, digits and '-')"
             )
     prometheus = get("prometheus-url")
     if not prometheus:
         raise UsageError(
             "--prometheus-url (or POLYMORPH_PROMETHEUS_URL) is required: the http(s):// URL of Prometheus"
         )
-    if not re.match(r"^https?://\S+$", prometheus):
-        raise UsageError(f"--prometheus-url must be an http(s):// URL of Prometheus; got {prometheus!r}")
+    try:
+        check_http_url(prometheus)
+    except ValueError as exc:
+        raise UsageError(f"--prometheus-url {exc}") from None
     store = get("store")
     if not store:
         raise UsageError(
             "--store is required: the artifact store, s3://bucket/prefix or a path every pod shares"
         )
+    if "://" not in store and not store.startswith("/"):
+        raise UsageError(
+            f"--store {shown(store)} is a relative path; pods do not share the operator's working "
+            "directory: give s3://bucket/prefix or an absolute path every pod mounts"
+        )
     level = (get("log-level", "info") or "info").lower()
     if level not in LOG_LEVELS:
-        raise UsageError(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {level!r}")
+        raise UsageError(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {shown(level)}")
     secret_name = get("anthropic-secret-name")
     cluster = ClusterSettings(
         store=store,

@@ -122,7 +122,7 @@ def check_writable(
 ) -> None:
     """Write and delete a probe object under ``prefix``, so a store that is unwritable or unreachable
     is a one-line ``UsageError`` naming ``flag`` now, not after a model loaded or a trace was lost."""
-    key = f"{prefix}/.probe-{secrets.token_hex(6)}"
+    key = f"{prefix.rstrip('/')}/.probe-{secrets.token_hex(6)}"
     where = uri or store.uri
     try:
         store.put_bytes(key, b"")
