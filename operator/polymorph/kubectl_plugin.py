@@ -486,6 +486,7 @@ class Session:
             jobs,
             key=lambda j: (
                 j["metadata"].get("creationTimestamp") or "",
+                int(rv) if (rv := str(j["metadata"].get("resourceVersion") or "")).isdigit() else 0,
                 j["metadata"].get("name") == last,
             ),
         )

@@ -236,3 +236,43 @@ def test_plugin_steers_a_manual_rollout(
         assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
         assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     time.sleep(0)
+
+
+def test_retry_runs_a_failed_compilejob_again(cluster: tuple[EmulatorThread, Api, Path]) -> None:
+    """retry of a deployment whose last CompileJob Failed: a new CompileJob with its spec, owned by the deployment."""
+    _, api, kubeconfig = cluster
+    plugin = Plugin(kubeconfig)
+    md = api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment())
+    spec = {
+        "deploymentRef": {"name": "chat"},
+        "baseBuild": "reference",
+        "budget": {"maxExperiments": 5, "sandboxes": 1, "deadline": "5m", "experimentTimeout": "1m"},
+    }
+    cj = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob",
+          "metadata": {"name": "chat-1a2b3c4d", "namespace": NS}, "spec": spec}  # fmt: skip
+    api.create(f"{GROUP}/namespaces/{NS}/compilejobs", cj)
+    api.patch(
+        f"{GROUP}/namespaces/{NS}/compilejobs/chat-1a2b3c4d/status",
+        {
+            "status": {
+                "phase": "Failed",
+                "message": "the sandbox Job ended (DeadlineExceeded) without a campaign result",
+            }
+        },
+    )
+    shown = plugin("get", "cj", "chat-1a2b3c4d", "-n", NS).stdout
+    assert "CompileJob inference/chat-1a2b3c4d" in shown and "Failed" in shown and "DeadlineExceeded" in shown
+    done = plugin("retry", "chat", "-n", NS)
+    assert "run CompileJob chat-1a2b3c4d (Failed) again as chat-1a2b3c4d-retry-1" in done.stdout
+    assert f"kubectl -n {NS} create -f - <<'EOF'" in done.stdout
+    made = api.get(f"{GROUP}/namespaces/{NS}/compilejobs/chat-1a2b3c4d-retry-1")
+    assert made is not None and made["spec"]["deploymentRef"] == {"name": "chat"}
+    assert made["spec"]["budget"]["maxExperiments"] == 5
+    owner = made["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "ModelDeployment" and owner["uid"] == md["metadata"]["uid"]
+    assert made["metadata"]["annotations"]["polymorph.dev/retry-of"] == "chat-1a2b3c4d"
+    # the newest CompileJob is now the deployment's last one, not Failed: nothing more to retry
+    bad = plugin("retry", "chat", "-n", NS, ok=False)
+    assert bad.returncode == 2 and "has nothing to retry" in bad.stderr
+    listed = json.loads(plugin("list", "cj", "-n", NS, "-o", "json").stdout)
+    assert [v["name"] for v in listed] == ["chat-1a2b3c4d", "chat-1a2b3c4d-retry-1"]
