@@ -112,6 +112,33 @@ def compilejob(name: str, base: str, profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def narrate(fresh: list[dict[str, Any]], told: dict[tuple[str, str], set[str]]) -> list[str]:
+    """One line per new Event, in the order they were recorded, naming the object it is about.
+
+    A decision the operator records on two objects (``CompileJobSucceeded`` and ``CompileJobFailed``
+    go to the CompileJob and to its deployment, with one message) is told once: an Event whose
+    reason and message were already told about another object is its mirror. ``told`` maps each
+    (reason, message) told to the objects it was seen on, across calls.
+    """
+    lines: list[str] = []
+    for e in sorted(fresh, key=lambda e: int(e["metadata"].get("resourceVersion") or 0)):
+        key, about = (e["reason"], e["message"]), _about(e)
+        seen_on = told.setdefault(key, set())
+        if seen_on and about not in seen_on:  # the mirror of a decision already told
+            seen_on.add(about)
+            continue
+        told[key] = {about}
+        lines.append(f"  event {e['reason']:<20} {about:<24} {e['message']}")
+    return lines
+
+
+def _about(event: dict[str, Any]) -> str:
+    """``md/chat`` or ``cj/chat-1a2b3c4d``: the object an Event is about."""
+    obj = event.get("involvedObject", {})
+    short = {"ModelDeployment": "md", "CompileJob": "cj"}.get(obj.get("kind", ""), obj.get("kind", "?"))
+    return f"{short}/{obj.get('name', '?')}"
+
+
 def _rollout(fleet: Fleet) -> dict[str, Any]:
     return fleet.status(MD).get("rollout") or {}
 
@@ -125,6 +152,8 @@ class Scenario:
         self.traffic: Traffic | None = None
         self.t0 = time.monotonic()
         self._seen: set[str] = set()
+        self._told: dict[tuple[str, str], set[str]] = {}
+        """Each Event told, by (reason, message): the objects it was recorded on."""
 
     # --- narration ---------------------------------------------------------------------------
 
@@ -132,14 +161,14 @@ class Scenario:
         return self.fleet.events(MD)
 
     def tell_events(self) -> None:
-        """Narrate every Event about the deployment and its CompileJobs not told yet."""
+        """Narrate every Event about the deployment and its CompileJobs not told yet (``narrate``)."""
         names = [MD, *(cj["metadata"]["name"] for cj in self.fleet.compilejobs())]
-        for name in names:
-            for e in self.fleet.events(name):
-                uid = e["metadata"]["uid"]
-                if uid not in self._seen:
-                    self._seen.add(uid)
-                    self.say(f"  event {e['reason']:<20} {e['message']}")
+        fresh = [
+            e for name in names for e in self.fleet.events(name) if e["metadata"]["uid"] not in self._seen
+        ]
+        self._seen.update(e["metadata"]["uid"] for e in fresh)
+        for line in narrate(fresh, self._told):
+            self.say(line)
 
     def wait(self, what: str, fn: Callable[[], Any], timeout: float) -> Any:
         def probe() -> Any:

@@ -75,10 +75,10 @@ RESOURCES: tuple[Resource, ...] = (
                 "Drift", "number", ".status.drift.score", "Distance of live traffic from the build's profile."
             ),
             _column(
-                "Tok/s",
+                "Bench-Tok/s",
                 "integer",
                 ".status.activeBuild.tokensPerSecond",
-                "Measured output tok/s (rounded).",
+                "The active build's output tok/s as its CompileJob benchmarked it (rounded), not live traffic.",
             ),
             _column("Replicas", "integer", ".spec.replicas", "Desired replicas.", priority=1),
             _column(

@@ -120,7 +120,7 @@ def test_printer_columns_point_at_real_fields(resource: crdgen.Resource) -> None
         node = _resolve(schema, column["jsonPath"])
         assert node["type"] == kinds[column["type"]], column
     expected = {
-        "ModelDeployment": {"Build", "Phase", "Drift", "Tok/s"},
+        "ModelDeployment": {"Build", "Phase", "Drift", "Bench-Tok/s"},
         "CompileJob": {"Phase", "Experiments", "Speedup"},
     }
     assert expected[resource.kind] <= set(names)

@@ -48,7 +48,7 @@ def applied(run: Kubectl) -> Kubectl:
 
 def test_get_md_shows_the_printer_columns(applied: Kubectl) -> None:
     header, *rows = applied("get", "md", "-A").stdout.splitlines()
-    assert header.split() == ["NAMESPACE", "NAME", "BUILD", "PHASE", "DRIFT", "TOK/S", "AGE"]
+    assert header.split() == ["NAMESPACE", "NAME", "BUILD", "PHASE", "DRIFT", "BENCH-TOK/S", "AGE"]
     assert {r.split()[1] for r in rows} == {"llama-8b-chat", "qwen-0-5b"}
     wide = applied("get", "md", "-n", "inference", "-o", "wide").stdout.splitlines()[0]
     assert "REPLICAS" in wide and "BUILD ID" in wide

@@ -109,7 +109,7 @@ def test_table_uses_the_printer_columns(api: httpx.Client) -> None:
     table = api.get(url, headers={"Accept": TABLE}).json()
     assert table["kind"] == "Table"
     columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns[:5] == ["Name", "Build", "Phase", "Drift", "Tok/s"] and columns[-1] == "Age"
+    assert columns[:5] == ["Name", "Build", "Phase", "Drift", "Bench-Tok/s"] and columns[-1] == "Age"
     cells = table["rows"][0]["cells"]
     assert cells[:5] == ["m", "fast", "Serving", None, 813] and cells[-1].endswith("s")
     assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"

@@ -133,7 +133,7 @@ def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     header, row = out.splitlines()[:2]
-    assert header.split()[:6] == ["NAME", "BUILD", "PHASE", "DRIFT", "TOK/S", "AGE"]
+    assert header.split()[:6] == ["NAME", "BUILD", "PHASE", "DRIFT", "BENCH-TOK/S", "AGE"]
     cells = row.split()
     assert (
         cells[0] == "chat" and cells[1] == "sha256:abababababab" and cells[3] == "0.42" and cells[4] == "1235"
