@@ -121,6 +121,11 @@ def test_agent_and_engine_sandboxes_write_the_campaign_to_s3(
         assert store.has_build(result["best"]["build"])
         assert result["best"]["uri"].startswith(f"s3://{s3_bucket}/")
     assert outputs[1]["result"].endswith("result.json")
+    # report.html beside it, on S3: the last sandbox's covers both ledgers (each one's baseline is no point).
+    assert outputs[1]["report"] == f"{uri}/{prefix}report.html"
+    page = store.get_bytes(prefix + "report.html").decode()
+    points = page.count('<circle class="point"') + page.count('<g class="no-figures">')
+    assert points == sum(len(x) for x in ledgers) - 2
 
 
 def test_agent_rejects_a_bad_spec_in_one_sentence(tmp_path: Path) -> None:
