@@ -5,9 +5,12 @@
 With ``--trace-sample-rate F > 0`` a fraction F of requests' shapes (lengths and arrival
 times, never content) are written to ``--store`` under
 ``workloads/<namespace>/<model deployment>/trace-<ts>.jsonl`` every ``--trace-flush-interval``
-seconds and on shutdown. SIGTERM or SIGINT stop accepting, let running requests finish (up
-to ``--shutdown-grace`` seconds), flush the trace and exit 0. Bad flags exit 2 with one sentence;
-the port is bound before the model loads, so a taken one is refused at once. At most
+and on shutdown; the store is written once before the model loads, so one the engine cannot
+write is refused at start-up, and a write that fails later is counted in ``/metrics`` and shown
+in ``/readyz``. SIGTERM or SIGINT stop accepting, let running requests finish (for up to
+``--shutdown-grace``), flush the trace and exit 0, or 1 when traces were lost. Flags take the
+types of ``polymorph.inputs`` (durations, bounded numbers, names): a bad one exits 2 with one
+sentence; the port is bound before the model loads, so a taken one is refused at once. At most
 ``--max-batch`` + ``--max-queue`` requests are admitted at once; more get 503 with Retry-After.
 
 This module only gathers inputs and wires the pieces together (model, build, ``server``,

@@ -14,6 +14,11 @@ Contract:
   is 408, a body cut short of its Content-Length is 400. Bodies are pydantic models
   (``polymorph_engine.serving.openai_api``), so depth and number size are bounded too, and
   every refusal is the OpenAI-shaped JSON error naming the field (``param``).
+- HTTP itself: a request line or header over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS``
+  headers, is 431, any other request that breaks HTTP 400, both as the OpenAI error JSON
+  (``protocol_refusal``), one log line that never echoes the client's bytes, and a count in
+  ``polymorph_http_protocol_errors_total``. A connection that has not sent a whole request
+  head within ``IDLE_TIMEOUT_S`` of opening or of its last answer is closed.
 - Load: ``CompletionService`` admits a bounded number of requests; beyond it the answer is
   503 with ``Retry-After``, never a reset or a wait without bound. Every completion request
   answered with an error is counted in ``polymorph_requests_total`` by status and reason.
