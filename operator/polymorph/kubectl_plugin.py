@@ -37,9 +37,9 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from polymorph.api import parse_duration
 from polymorph.api.common import BUILD_ID_PATTERN
 from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeClient, KubeError
+from polymorph.inputs import Parser, duration
 
 __all__ = ["ANNOTATION_ABORT", "ANNOTATION_APPROVE", "main"]
 
@@ -826,23 +826,16 @@ def cmd_unpin(s: Session, args: argparse.Namespace) -> int:
 # Command line.
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(Parser):
+    """``polymorph.inputs.Parser`` (defaults in help, ``-5m`` read as a value) with kubectl's wording."""
+
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"kubectl polymorph: {message.rstrip('.')}. See kubectl polymorph --help.\n")
         raise SystemExit(2)
 
 
-def _interval(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parse_duration(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return seconds
+_interval = duration()
+"""The one duration syntax of every polymorph command (``polymorph.inputs.duration``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -855,11 +848,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="tree (rich on a terminal, plain when piped; the default), text (plain) or json",
     )  # fmt: skip
     common.add_argument(
-        "--request-timeout", type=_interval, default=30.0, help="API request timeout (default 30s)"
+        "--request-timeout", type=_interval, default="30s", help="API request timeout (default 30s)"
     )
     act = _Parser(add_help=False)
     act.add_argument("--dry-run", action="store_true", help="print the change, apply nothing")
-    act.add_argument("--timeout", type=_interval, default=120.0, help="how long to wait for the operator when an action takes two steps (default 2m)")  # fmt: skip
+    act.add_argument("--timeout", type=_interval, default="2m", help="how long to wait for the operator when an action takes two steps (default 2m)")  # fmt: skip
     parser = _Parser(
         prog="kubectl polymorph",
         description="Watch and steer Polymorph ModelDeployments and CompileJobs.",
@@ -870,7 +863,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("kind", help="md or cj")
     g.add_argument("name")
     g.add_argument("-w", "--watch", action="store_true", help="keep showing it as it changes")
-    g.add_argument("--interval", type=_interval, default=2.0, help="how often -w reads it (default 2s)")
+    g.add_argument("--interval", type=_interval, default="2s", help="how often -w reads it (default 2s)")
     g.set_defaults(fn=cmd_get)
     ls = sub.add_parser("list", parents=[common], help="one line per ModelDeployment (or cj)")
     ls.add_argument("kind", nargs="?", default="md", help="md (default) or cj")

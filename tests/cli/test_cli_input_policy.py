@@ -26,7 +26,7 @@ import jsonschema
 import pytest
 import yaml
 
-from polymorph import measurement
+from polymorph import kubectl_plugin, measurement
 from polymorph.api import ModelDeployment
 from polymorph.cli import build_parser, main
 from polymorph.compile.cli import _rerun
@@ -219,6 +219,11 @@ def _operator_seconds(flag: str, dest: str, value: str) -> float:
     return float(getattr(from_args(args, {}), dest))
 
 
+def _kubectl_plugin(value: str) -> float:
+    args = kubectl_plugin.build_parser().parse_args(["get", "md", "chat", f"--interval={value}"])
+    return float(args.interval)
+
+
 def _manifest_seconds(value: str) -> float:
     doc = yaml.safe_load(MD_EXAMPLE.read_text())
     doc["spec"]["recompile"] = {"window": value}
@@ -243,6 +248,7 @@ def test_a_duration_means_the_same_everywhere(text: str, seconds: float) -> None
         assert _flag_seconds(prefix, flag, dest, text) == seconds, flag
     for flag, dest in OPERATOR_FLAGS:
         assert _operator_seconds(flag, dest, text) == seconds, flag
+    assert _kubectl_plugin(text) == seconds
     assert _manifest_seconds(text) == seconds
     assert _chart_accepts(text)
 
@@ -264,6 +270,11 @@ def test_a_bad_duration_gets_the_same_sentence_everywhere(
         with pytest.raises(UsageError) as err:
             _operator_seconds(flag, dest, text)
         reasons.add(str(err.value).removeprefix(f"{flag}: "))
+    with pytest.raises(SystemExit):
+        _kubectl_plugin(text)
+    said = capsys.readouterr().err
+    assert said.startswith("kubectl polymorph: argument --interval: "), said
+    reasons.add(said.removeprefix("kubectl polymorph: argument --interval: ").split(". See kubectl")[0])
     assert len(reasons) == 1, reasons
     with pytest.raises(ValueError):
         _manifest_seconds(text)

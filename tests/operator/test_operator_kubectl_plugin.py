@@ -156,7 +156,7 @@ def test_plugin_steers_a_manual_rollout(
 
     # The watch screen through tmux: rich on a terminal, redrawn as the rollout moves.
     session = tmux(
-        f"env -u COLUMNS -u LINES KUBECONFIG={kubeconfig} PATH={plugin.env['PATH']} kubectl polymorph get md chat -n {NS} -w --interval 0.5"
+        f"env -u COLUMNS -u LINES KUBECONFIG={kubeconfig} PATH={plugin.env['PATH']} kubectl polymorph get md chat -n {NS} -w --interval 500ms"
     )
     wait_for("the watch screen", lambda: "Active build" in screen(session), timeout=20)
     assert "\x1b[" in screen(session, escapes=True)  # coloured: rich saw a terminal
