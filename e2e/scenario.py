@@ -22,13 +22,16 @@ It knows nothing about how the cluster is provided (``harness.Fleet``).
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+import gitops
 from harness import NS, Fleet, slowed_build, wait_for
 from polymorph_engine.serving.metrics import TOKEN_BUCKETS
 from traffic import Shape, Traffic
@@ -154,6 +157,8 @@ class Scenario:
         self._seen: set[str] = set()
         self._told: dict[tuple[str, str], set[str]] = {}
         """Each Event told, by (reason, message): the objects it was recorded on."""
+        self.gitops = gitops.Observer(fleet, MD)
+        """Every version of the deployment and its CompileJobs that a wait read (``gitops_report``)."""
 
     # --- narration ---------------------------------------------------------------------------
 
@@ -173,6 +178,7 @@ class Scenario:
     def wait(self, what: str, fn: Callable[[], Any], timeout: float) -> Any:
         def probe() -> Any:
             self.tell_events()
+            self.gitops.observe()
             return fn()
 
         return wait_for(what, probe, timeout, every=1.0)
@@ -352,6 +358,17 @@ class Scenario:
         return {"compilejob": cj, "candidate": candidate, "slowed": slowed, "before": active,
                 "unapproved": unapproved, "status": f.status(MD), "stable": f.deployment(MD),
                 "events": self.events()}  # fmt: skip
+
+    def gitops_report(self, folder: Path) -> dict[str, Any]:
+        """Each seen version through kstatus and Argo CD's health scripts, ``kubectl polymorph`` on the
+        final state, and ``problems``: where a verdict disagrees with the documented mapping. Also
+        written to ``folder`` (``gitops-report.json``, ``kubectl-polymorph-get.txt``)."""
+        self.gitops.observe()
+        rep = gitops.report(self.gitops)
+        rep["problems"] = gitops.problems(rep)
+        (folder / "gitops-report.json").write_text(json.dumps(rep, indent=1, default=str))
+        (folder / "kubectl-polymorph-get.txt").write_text(rep["get"])
+        return rep
 
     def close(self) -> None:
         if self.traffic is not None:

@@ -192,3 +192,19 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     )
     (fleet.workdir / "dashboard-capture.json").write_text(json.dumps(panels))
     assert dashboard.missing(panels) == [], dashboard.missing(panels)
+
+    # What GitOps tools and people see of the loop: every version of the deployment and its
+    # CompileJobs that the waits read, through the real kstatus library and the Argo CD health
+    # scripts, and the kubectl polymorph plugin (through the real kubectl) on the final state.
+    seen = story.gitops_report(fleet.workdir)
+    assert seen["problems"] == [], seen["problems"]
+    view = seen["json"]
+    assert view["rollout"]["phase"] == "RolledBack" and view["kstatus"] == "Failed"
+    assert view["activeBuild"]["id"] == best["build"] and view["candidateBuild"]["id"] == candidate
+    last = view["lastCompileJob"]
+    assert last["name"] == f"{MD}-slowed" and last["phase"] == "Succeeded"
+    assert last["leaderboard"][0]["role"] == "best" and last["leaderboard"][0]["build"] == candidate
+    text = seen["get"]
+    assert f"ModelDeployment inference/{MD}" in text and "RolledBack" in text and "Leaderboard" in text
+    assert "threshold >= 0.9" in text and "Fail" in text and candidate[:19] in text
+    assert MD in seen["list"] and "RolledBack" in seen["list"]

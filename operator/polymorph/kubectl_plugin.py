@@ -128,6 +128,8 @@ def _leaderboard(cj: Mapping[str, Any]) -> list[JSON]:
         row["speedup"] = (
             None if v is None or not base_value else round((base_value / v) if lower else (v / base_value), 3)
         )
+        if row["role"] == "best" and best.get("speedup") is not None:
+            row["speedup"] = best["speedup"]  # the paired, interleaved comparison the campaign kept
     out.sort(key=lambda r: -(r["speedup"] or 0.0))
     for i, row in enumerate(out, 1):
         row["rank"] = i
@@ -248,7 +250,8 @@ def _word(value: Any) -> Text:
 def _line(*parts: Any) -> Text:
     """Parts joined by two spaces; a (text, style) tuple is styled, a str from _STYLE is coloured."""
     out = Text()
-    for i, part in enumerate(p for p in parts if p not in (None, "")):
+    kept = [p for p in parts if p not in (None, "") and not (isinstance(p, tuple) and p[0] in (None, ""))]
+    for i, part in enumerate(kept):
         if i:
             out.append("  ")
         if isinstance(part, tuple):
@@ -311,7 +314,12 @@ def _compilejob_tree(node: Tree, cj: JSON) -> None:
 def render_tree(view: JSON) -> Tree:
     if view["kind"] == "CompileJob":
         root = Tree(
-            _line((f"CompileJob {view['namespace']}/{view['name']}", "bold"), view["phase"], view["kstatus"])
+            _line(
+                (f"CompileJob {view['namespace']}/{view['name']}", "bold"),
+                view["phase"],
+                ("kstatus", "dim"),
+                view["kstatus"],
+            )
         )
         root.add(_line(_label("Deployment"), (view.get("deployment") or "standalone", ""), (f"agent {view['agent']}", "dim"), (f"base {_short(view['baseBuild'])}", "dim")))  # fmt: skip
         _compilejob_tree(root, view)
@@ -321,6 +329,7 @@ def render_tree(view: JSON) -> Tree:
         _line(
             (f"ModelDeployment {view['namespace']}/{view['name']}", "bold"),
             view["phase"],
+            ("kstatus", "dim"),
             view["kstatus"],
             (f"policy {view['policy']}", "dim"),
             (f"pinned {_short(view['pinned'])}", "magenta") if view.get("pinned") else None,
@@ -383,8 +392,8 @@ def render_tree(view: JSON) -> Tree:
     dnode = root.add(
         _line(
             _label("Drift"),
-            (_fmt(score, 2) if score is not None else "no data", "bold red" if over else "bold"),
-            (f"threshold {_fmt(d['threshold'], 2)}", ""),
+            (f"{score:.2f}" if score is not None else "no data", "bold red" if over else "bold"),
+            (f"threshold {d['threshold']:g}", ""),
             (f"{d['requests']} requests", "dim") if d.get("requests") is not None else None,
             (f"checked {_when(d.get('checkedAt'))}", "dim") if d.get("checkedAt") else None,
         )
@@ -410,14 +419,16 @@ def render_tree(view: JSON) -> Tree:
 
 
 def _conditions_tree(root: Tree, conditions: list[JSON]) -> None:
+    """Each condition with its reason; the message only where it says something (True, or Ready)."""
     node = root.add(_label("Conditions"))
     for c in conditions:
+        talk = c.get("status") == "True" or c["type"] == "Ready"
         node.add(
             _line(
                 (f"{c['type']:<12}", ""),
                 c.get("status"),
                 (c.get("reason") or "", "bold"),
-                (c.get("message") or "", "dim"),
+                (c.get("message") or "", "dim") if talk else None,
             )
         )
 
@@ -473,23 +484,33 @@ class Session:
 
     def last_compilejob(self, md: Mapping[str, Any]) -> JSON | None:
         """The deployment's newest CompileJob (opened by drift or by hand), else None."""
-        name = md["metadata"]["name"]
-        jobs = [
-            j
-            for j in self.kube.list(COMPILEJOBS, self.namespace)
-            if ((j.get("spec") or {}).get("deploymentRef") or {}).get("name") == name
-        ]
-        if not jobs:
-            return None
-        last = ((md.get("status") or {}).get("lastCompileJob") or {}).get("name")
-        return max(
-            jobs,
+        return newest_compilejob(
+            md, self.kube.list(COMPILEJOBS, md["metadata"].get("namespace") or self.namespace)
+        )
+
+
+def newest_compilejob(md: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> JSON | None:
+    """Of ``jobs``, the newest whose deploymentRef is ``md`` (by creation time, then resourceVersion)."""
+    name, ns = md["metadata"]["name"], md["metadata"].get("namespace")
+    mine = [
+        j
+        for j in jobs
+        if ((j.get("spec") or {}).get("deploymentRef") or {}).get("name") == name
+        and j["metadata"].get("namespace") == ns
+    ]
+    if not mine:
+        return None
+    last = ((md.get("status") or {}).get("lastCompileJob") or {}).get("name")
+    return dict(
+        max(
+            mine,
             key=lambda j: (
                 j["metadata"].get("creationTimestamp") or "",
                 int(rv) if (rv := str(j["metadata"].get("resourceVersion") or "")).isdigit() else 0,
                 j["metadata"].get("name") == last,
             ),
         )
+    )
 
 
 def _connect(args: argparse.Namespace) -> tuple[Any, str]:
@@ -584,9 +605,7 @@ def cmd_list(s: Session, args: argparse.Namespace) -> int:
         jobs = s.kube.list(COMPILEJOBS, ns)
         views = []
         for md in s.kube.list(MODELDEPLOYMENTS, ns):
-            last = ((md.get("status") or {}).get("lastCompileJob") or {}).get("name")
-            cj = next((j for j in jobs if j["metadata"]["name"] == last and j["metadata"].get("namespace") == md["metadata"].get("namespace")), None)  # fmt: skip
-            views.append(deployment_view(md, cj))
+            views.append(deployment_view(md, newest_compilejob(md, jobs)))
     views.sort(key=lambda v: (v["namespace"] or "", v["name"] or ""))
     if s.output == "json":
         _print_json(s.console, views)

@@ -115,7 +115,9 @@ def set_progress(
     if progress.stalled is not None:
         reason, message = progress.stalled
         out = set_condition(out, "Stalled", "True", reason, message, now, generation)
-        out = set_condition(out, "Reconciling", "False", reason, "stalled: " + message, now, generation)
+        out = set_condition(
+            out, "Reconciling", "False", reason, "stalled: see the Stalled condition", now, generation
+        )
         return out
     out = set_condition(out, "Stalled", "False", "AsExpected", "nothing needs a person", now, generation)
     if progress.reconciling is not None:
