@@ -63,8 +63,9 @@ def test_apply_creates_hardened_children_and_status(
     )
     assert status["activeBuild"]["id"] == "reference"
     types = {c["type"]: c for c in status["conditions"]}
-    assert set(types) == {"Ready", "Compiling", "RollingOut", "Degraded"}
+    assert set(types) == {"Ready", "Reconciling", "Stalled", "Compiling", "RollingOut", "Degraded"}
     assert all(c["reason"] and c["message"] for c in types.values())
+    assert all(c["observedGeneration"] == status["observedGeneration"] for c in types.values())
     # kopf keeps its state in status, never in annotations (GitOps tools would see drift there).
     assert not any(k.startswith("kopf") for k in (api.md("chat") or {})["metadata"].get("annotations", {}))
     assert "kopf" in status
