@@ -739,6 +739,22 @@ def cmd_approve(s: Session, args: argparse.Namespace) -> int:
             f"{args.name} has no candidate build to approve (status.candidateBuild is empty); pass --build."
         )
     _check_build("--build", build)
+    paused = ro.get("phase") == "Paused" and ro.get("build") == build
+    if not paused:
+        active = (status.get("activeBuild") or {}).get("id")
+        candidate = (status.get("candidateBuild") or {}).get("id")
+        if build == active:
+            raise Refused(f"{args.name} already serves {build}; there is nothing to approve.")
+        if build != candidate:
+            raise Refused(
+                f"--build: {build} is not {args.name}'s candidate ({candidate or 'none'}); "
+                "the operator rolls out only status.candidateBuild."
+            )
+        if ro.get("build") == build and ro.get("phase") not in (None, "Idle"):
+            raise Refused(
+                f"{args.name}'s rollout of {_short(build)} already ran ({ro.get('phase')}); "
+                "the operator does not roll the same build out twice."
+            )
     changes, then = _approve_changes(s, args, md, build)
     return _apply(s, args, changes, then)
 
@@ -808,7 +824,7 @@ def cmd_retry(s: Session, args: argparse.Namespace) -> int:
     if ro.get("phase") == "RolledBack":
         raise Refused(
             f"{name}'s rollout of {_short(ro.get('build'))} was rolled back by analysis, and the operator does not "
-            "roll the same build out twice; approve --build to try it again under policy Manual, or wait for a new CompileJob."
+            "roll the same build out twice; a new candidate comes from the next CompileJob (drift, after the cooldown)."
         )
     raise Refused(
         f"{name} has nothing to retry: no paused rollout, no abort annotation and no failed CompileJob "

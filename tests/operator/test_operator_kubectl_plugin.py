@@ -200,6 +200,8 @@ def test_plugin_steers_a_manual_rollout(
     wait_for("Aborted on screen", lambda: "Aborted" in screen(session), timeout=20)
     assert verdicts(api) == ("Current", "Healthy")
     assert plugin("abort", "chat", "-n", NS, ok=False).returncode == 2  # nothing to abort now
+    again = plugin("approve", "chat", "-n", NS, ok=False)  # the operator never rolls a build out twice
+    assert again.returncode == 2 and "already ran (Aborted)" in again.stderr, again.stderr
     done = plugin("retry", "chat", "-n", NS, "--dry-run")
     assert "polymorph.dev/abort-" in done.stdout and "dry run" in done.stdout
     assert live(api)["metadata"]["annotations"].get("polymorph.dev/abort") == "true"
