@@ -46,9 +46,10 @@ all)
     # head against the best points of the sweep recorded earlier (SWEEP_FROM; the sweep
     # itself takes ~2 minutes), then batch-1 decode of the build it kept beside the peers (rows
     # past the budget are recorded as skipped).
-    timeout 330 python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
-        --sweep-from "${SWEEP_FROM:-bench/results/search-quality-llama-8b-h200-2026-12-01-sweep.json}" \
-        --experiment-timeout 60 --max-experiments 30 --deadline "${CAMPAIGN_DEADLINE:-200s}" \
+    timeout 380 python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
+        --sweep-from "${SWEEP_FROM:-bench/results/search-quality-llama-8b-h200-2026-12-01-b.json}" \
+        --experiment-timeout "${EXPERIMENT_TIMEOUT:-30}" --max-experiments "${MAX_EXPERIMENTS:-400}" \
+        --deadline "${CAMPAIGN_DEADLINE:-240s}" \
         --out "$OUT/search-quality-llama-8b-h200-$DATE.json" >/dev/null || echo "search exited $?"
     FOUND=$(python3 -c '
 import json, sys

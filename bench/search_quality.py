@@ -170,6 +170,19 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, 
             (r.halfWidth for r in records if r.status == "passed" and r.halfWidth is not None),
             default=None,
         ),
+        "screened": sum(r.screen for r in records),
+        "timeouts": sum(r.status == "timeout" for r in records),
+        "prepareS": round(sum(r.timings.prepareS for r in records), 2),
+        # What the selection relied on: the judgement's races and final pairing (full protocol).
+        "judged": [
+            {"description": r.description, "build": r.build, "halfWidth": r.halfWidth, "ratio": r.comparison.ratio if r.comparison else None}
+            for r in records
+            if not r.screen and r.build != (records[0].build if records else "")
+        ],
+        "maxJudgedHalfWidth": max(
+            (r.halfWidth for r in records[1:] if not r.screen and r.status == "passed" and r.halfWidth is not None),
+            default=None,
+        ),
         "records": [_point(r) for r in records],
     }
 

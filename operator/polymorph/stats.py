@@ -55,6 +55,7 @@ in the 2.5% tail; the compile loop should use ``paired_ratio``. Cost: O(resample
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import random
@@ -222,8 +223,12 @@ def _t_cdf(t: float, df: float) -> float:
 
 def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with ``df`` degrees of freedom (bisection on the exact CDF)."""
-    p = _real(p, "p")
-    df = _real(df, "df")
+    return _t_quantile(_real(p, "p"), _real(df, "df"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_quantile(p: float, df: float) -> float:
+    """``t_quantile`` on checked floats, remembered: intervals ask for a few (p, df) over and over."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must lie strictly between 0 and 1, got {p}.")
     if df <= 0:
@@ -231,7 +236,7 @@ def t_quantile(p: float, df: float) -> float:
     if p == 0.5:
         return 0.0
     if p < 0.5:
-        return -t_quantile(1.0 - p, df)
+        return -_t_quantile(1.0 - p, df)
     lo, hi = 0.0, 1.0
     while _t_cdf(hi, df) < p:
         lo, hi = hi, hi * 2.0

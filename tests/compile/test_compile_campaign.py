@@ -16,7 +16,7 @@ import pytest
 from pairing_support import paired
 
 from polymorph.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
-from polymorph.api.build import PairedComparison
+from polymorph.api.build import PairedComparison, Timings
 from polymorph.api.common import Constraint, Histogram, WorkloadProfile
 from polymorph.builds import read_build
 from polymorph.compile.agents.base import BudgetExhausted
@@ -98,6 +98,7 @@ class LandscapeRunner:
 
     def __init__(self, reject: dict[str, Any] | None = None, jitter: float = 0.01) -> None:
         self.ran: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+        self.screens: list[bool] = []
         self.reject = reject or {}
         self.jitter = jitter
 
@@ -111,10 +112,13 @@ class LandscapeRunner:
         # Bigger batches have worse inter-token latency.
         return figures(self.speed(knobs), self.jitter, itl=5.0 * int(knobs["batch"]), shift=shift)
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         knobs = read_build(build_dir).defaults()
         base_knobs = read_build(against).defaults() if against is not None else None
         self.ran.append((knobs, base_knobs))
+        self.screens.append(screen)
         if any(knobs.get(k) == v for k, v in self.reject.items()):
             ver = Verification(tokenAgreement=0.5, logitError=3.0, finite=True, passed=False)
             return ExperimentRecord(build="x", status="rejected", verification=ver, knobs=knobs)
@@ -127,8 +131,12 @@ class LandscapeRunner:
         )
 
 
-def keys_of(ran: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> list[str]:
-    return [config_key(k) + "|" + (config_key(b) if b is not None else "") for k, b in ran]
+def keys_of(runner: LandscapeRunner) -> list[str]:
+    """(configuration, paired-against, protocol) of every run: what must never repeat."""
+    return [
+        config_key(k) + "|" + (config_key(b) if b is not None else "") + ("|screen" if screen else "")
+        for (k, b), screen in zip(runner.ran, runner.screens, strict=True)
+    ]
 
 
 @pytest.fixture()
@@ -169,7 +177,7 @@ def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, bas
         6.0, rel=0.01
     )
     assert out.result.confirmation.pairs == 6 and out.result.confirmation.speedupCi[0] > 1.05
-    keys = keys_of(searched)
+    keys = keys_of(runner)[:-1]
     assert len(keys) == len(set(keys)), "an experiment ran twice"
     # The baseline ran alone; every candidate was paired (the sweep with its anchor).
     assert searched[0] == (defaults, None) and all(b is not None for _, b in searched[1:])
@@ -194,59 +202,45 @@ def test_search_finds_the_best_combination_and_never_repeats(tmp_path: Path, bas
     assert store.get_json(paths.result)["best"]["build"] == out.result.best.build
 
 
-def test_greedy_accumulates_gains_and_pairs_each_step_with_the_current_best(
+def test_screening_moves_to_a_fast_comparator_and_the_judgement_settles_the_leader(
     tmp_path: Path, base: Path
 ) -> None:
     runner = LandscapeRunner()
-    Campaign(settings(base), open_store(str(tmp_path / "store")), runner).run(SearchAgent())
+    store = open_store(str(tmp_path / "store"))
+    out = Campaign(settings(base), store, runner).run(SearchAgent())
     defaults = read_build(base).defaults()
-    # Sweep: batch=8 (4x) is the largest gain, so it is tried first; attn=fused (1.5x) is then added
-    # to it and judged against batch=8, not against the baseline.
-    combined = {"batch": 8, "attn": "fused", "cache": "concat"}
-    assert (combined, defaults | {"batch": 8}) in runner.ran
-    # The slower static cache is never part of a combination the search kept.
-    kept = [k for k, b in runner.ran if b is not None and b != defaults]
-    assert all(b["cache"] == "concat" for k, b in runner.ran if b is not None) and kept
-    # The final configuration was measured paired with the baseline (what the selection judges).
-    assert (combined, defaults) in runner.ran
+    records = store.read_jsonl(settings(base).paths.ledger(0))
+    screens = [r for r in records if r.get("screen")]
+    assert screens and all(r["comparison"] is not None for r in screens)
+    # Screening starts paired with the baseline and moves to a faster comparator once the
+    # evidence puts one 1.25x above it: later screens are not paired with the slow baseline.
+    base_id = records[0]["build"]
+    againsts = [r["comparison"]["against"] for r in screens]
+    assert againsts[0] == base_id and againsts[-1] != base_id
+    # The judgement: the leader measured by the full protocol paired with the baseline, and
+    # every build that may be the best raced against the leader (never ranked by a chain).
+    best_knobs = {"batch": 8, "attn": "fused", "cache": "concat"}
+    assert out.result.best is not None and out.result.best.knobs == best_knobs
+    full = [r for r in records if not r.get("screen") and r["comparison"] is not None]
+    assert any(r["knobs"] == best_knobs and r["comparison"]["against"] == base_id for r in full)
+    assert out.result.best.pairs >= 5  # chosen by its full record, not a short screen
+    assert (best_knobs, defaults) in runner.ran
 
 
-def test_the_sweep_pairs_with_its_fastest_proven_anchor(tmp_path: Path, base: Path) -> None:
+def test_the_judgement_reserve_is_kept_from_the_agent(tmp_path: Path, base: Path) -> None:
+    # 9 experiments: the agent may start 7, two are kept for the judgement (a race and the final).
     runner = LandscapeRunner()
-    Campaign(settings(base), open_store(str(tmp_path / "store")), runner).run(SearchAgent())
-    defaults = read_build(base).defaults()
-    sweep = [(k, b) for k, b in runner.ran[1:6]]  # baseline, then the 5 one-knob points (by name)
-    assert [{n: v for n, v in k.items() if v != defaults[n]} for k, _ in sweep] == [
-        {"attn": "fused"},
-        {"batch": 2},
-        {"batch": 4},
-        {"batch": 8},
-        {"cache": "static"},
-    ]
-    # attn=fused (1.5x) is paired with the baseline and beats it, so it becomes the anchor;
-    # batch=2 (1.8x alone) beats the anchor too (1.8 / 1.5) and takes over, and so on: each
-    # point is paired with the fastest point proven before it, never with a slower one.
-    assert [b for _, b in sweep] == [
-        defaults,
-        defaults | {"attn": "fused"},
-        defaults | {"batch": 2},
-        defaults | {"batch": 4},
-        defaults | {"batch": 8},
-    ]
-
-
-def test_the_last_experiment_is_kept_for_the_final_paired_measurement(tmp_path: Path, base: Path) -> None:
-    # Baseline + 5 sweep points + 3 greedy steps would spend 9 of 9 without measuring the kept
-    # combination against the baseline; the search stops combining to keep one for that.
-    runner = LandscapeRunner()
-    out = Campaign(
+    campaign = Campaign(
         settings(base, budget=Budget(maxExperiments=9, sandboxes=1)), open_store(str(tmp_path / "s")), runner
-    ).run(SearchAgent())
+    )
+    assert campaign.reserved_experiments() == 2
+    out = campaign.run(SearchAgent())
     defaults = read_build(base).defaults()
     assert len(runner.ran) <= 9
-    assert runner.ran[-1][1] == defaults, "the last experiment pairs the search's best with the baseline"
     assert out.result.state == "improved" and out.result.best is not None
-    assert out.result.best.knobs == runner.ran[-1][0]
+    # The kept build was measured paired with the baseline by the full protocol.
+    assert (out.result.best.knobs, defaults) in runner.ran
+    assert out.result.best.pairs >= 5
 
 
 def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, base: Path) -> None:
@@ -255,10 +249,10 @@ def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, ba
     out = Campaign(settings(base, budget=Budget(maxExperiments=4, sandboxes=1)), store, first).run(
         SearchAgent()
     )
-    # The budget bounds it: the search stops sweeping to keep the last experiment for the final
-    # measurement against the baseline (or the budget stops it outright).
+    # The budget bounds it: the agent stops one short, and the judgement pairs its leader with
+    # the baseline by the full protocol in the experiment it kept.
     assert out.stopReason in ("maxExperiments", "finished") and len(first.ran) == 4
-    assert first.ran[-1][1] == read_build(base).defaults()
+    assert first.ran[-1][1] == read_build(base).defaults() and not first.screens[-1]
     # Same campaign, bigger budget: the path it had walked comes from the ledger (the early final
     # measurement is reused only if the longer search ends on the same configuration); nothing
     # runs twice.
@@ -266,8 +260,8 @@ def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, ba
     out2 = Campaign(settings(base, budget=Budget(maxExperiments=50, sandboxes=1)), store, second).run(
         SearchAgent()
     )
-    assert out2.fromLedger >= 3
-    keys = keys_of(first.ran + second.ran)
+    assert out2.fromLedger >= 2
+    keys = keys_of(first) + keys_of(second)
     assert len(keys) == len(set(keys))
     assert out2.result.best.knobs["batch"] == 8
 
@@ -277,17 +271,20 @@ def test_deadline_is_enforced_with_a_fake_clock(tmp_path: Path, base: Path) -> N
 
     class SlowRunner(LandscapeRunner):
         def run(
-            self, build_dir: Path, *, description: str = "", against: Path | None = None
+            self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
         ) -> ExperimentRecord:
             now[0] += 25.0  # each experiment takes 25 s of campaign time
-            return super().run(build_dir, description=description, against=against)
+            record = super().run(build_dir, description=description, against=against, screen=screen)
+            return record.model_copy(update={"timings": Timings(totalS=25.0)})
 
     store = open_store(str(tmp_path / "store"))
     runner = SlowRunner()
     s = settings(base, budget=Budget(maxExperiments=50, deadline="1m", sandboxes=1))
     out = Campaign(s, store, runner, clock=lambda: now[0]).run(SearchAgent())
     assert out.stopReason == "deadline"
-    assert len(runner.ran) == 3  # starts at 0 s, 25 s and 50 s; none may start at 75 s
+    # The judgement keeps 30 s (half the deadline): the agent starts experiments at 0 s and 25 s;
+    # the final pairing starts at 50 s, its time reserved; none may start at 75 s.
+    assert len(runner.ran) == 3 and not runner.screens[-1]
     # The clock carries over: a resumed campaign past its deadline starts nothing new.
     again = SlowRunner()
     out2 = Campaign(s, store, again, clock=lambda: now[0]).run(SearchAgent())
@@ -441,7 +438,9 @@ class InteractionRunner:
         tps = 100.0 * (0.95 if knobs["cache"] == "static" else 1.0)
         return tps * 3.0 if knobs["capture"] == "graph" and knobs["cache"] == "static" else tps
 
-    def run(self, build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def run(
+        self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         knobs = read_build(build_dir).defaults()
         self.ran.append(knobs)
         fig = figures(self.speed(knobs))

@@ -174,12 +174,14 @@ def test_experiments_run_one_at_a_time(tmp_path: Path) -> None:
     lock = threading.Lock()
     original = runner.run
 
-    def tracked(build_dir: Path, *, description: str = "", against: Path | None = None) -> ExperimentRecord:
+    def tracked(
+        build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+    ) -> ExperimentRecord:
         with lock:
             active["now"] += 1
             active["max"] = max(active["max"], active["now"])
         try:
-            return original(build_dir, description=description, against=against)
+            return original(build_dir, description=description, against=against, screen=screen)
         finally:
             with lock:
                 active["now"] -= 1

@@ -41,7 +41,13 @@ from polymorph.api.build import Timings, Verification
 from polymorph.builds import REFERENCE_BUILD, read_build
 from polymorph.store import build_id
 from polymorph_engine.experiment.bench import PassResult, figures_of
-from polymorph_engine.experiment.measure import GPU_TARGET, GPU_TIME_CAP, MeasurePolicy, measure_one, measure_paired
+from polymorph_engine.experiment.measure import (
+    GPU_TARGET,
+    GPU_TIME_CAP,
+    MeasurePolicy,
+    measure_one,
+    measure_paired,
+)
 from polymorph_engine.experiment.run import record_paired
 
 __all__ = ["RecordedConfig", "RecordedSpace", "ReplayRunner", "SimClock", "config_key"]

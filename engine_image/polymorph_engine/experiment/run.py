@@ -83,7 +83,7 @@ class BenchSettings:
     ``warmup_tolerance`` (at most ``max_warmup`` passes), and measuring until the CI half-width
     reaches ``target_half_width`` (None: 2% on an accelerator, 4% on a CPU), at most
     ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring
-    (None: 2 s on a CPU, 5 s on an accelerator).
+    (None: 2 s on a CPU, 10 s on an accelerator).
     ``max_repeats == repeats`` gives a fixed number of passes.
 
     ``clock``: what times a pass. ``auto`` is the worker process's CPU time on a CPU device and

@@ -172,7 +172,7 @@ class Campaign:
 
     def reserved_seconds(self) -> float:
         """Seconds kept from the agent for the judgement, from what experiments have cost so far:
-        the final pairing with the baseline and its confirmation (each about a baseline run), plus
+        the final pairing with the baseline and its confirmation (``_final_seconds``), plus
         ``MAX_CONTENDERS`` races (each about a typical experiment that did not time out). At most
         half the deadline."""
         base = self._baseline
@@ -181,8 +181,8 @@ class Campaign:
         totals = sorted(
             r.timings.totalS for r in self.ledger.records if r.build != self.base_id and r.status != "timeout"
         )
-        typical = totals[len(totals) // 2] if totals else base.timings.totalS
-        need = 2 * base.timings.totalS + MAX_CONTENDERS * typical
+        typical = min(totals[len(totals) // 2], base.timings.totalS) if totals else base.timings.totalS
+        need = self._final_seconds() + MAX_CONTENDERS * typical
         return min(0.5 * self.deadline_s, need)
 
     def experiments_left(self) -> int:
@@ -570,8 +570,9 @@ class Campaign:
         )
 
     def _final_seconds(self) -> float:
-        """About what the final pairing with the baseline and its confirmation take."""
-        return 2 * self._baseline.timings.totalS if self._baseline is not None else 0.0
+        """About what the final pairing with the baseline and its confirmation take: each pairs the
+        leader with the baseline by the full protocol, about twice the baseline's own run."""
+        return 4 * self._baseline.timings.totalS if self._baseline is not None else 0.0
 
     # --- the campaign -----------------------------------------------------------------------
 

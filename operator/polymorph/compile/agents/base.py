@@ -131,7 +131,13 @@ class CampaignContext(Protocol):
         """One eligible record per build (the baseline included), best first by all the paired evidence."""
         ...
 
-    def experiments_left(self) -> int: ...
+    def experiments_left(self) -> int:
+        """Experiments the agent may still start (what the campaign keeps for its judgement excluded)."""
+        ...
+
+    def seconds_left(self) -> float:
+        """Seconds the agent may still start experiments in (the judgement's reserve excluded)."""
+        ...
 
     def ensure_budget(self) -> None:
         """Raise ``BudgetExhausted`` when no new experiment may start (so an agent can stop thinking early)."""

@@ -8,32 +8,35 @@ combinations, and knobs interact (a fused step's ``prefill`` pays only on the fu
 neither trying them all nor moving one knob at a time finds the best under a deadline.
 
 Plan (the agent only screens; the campaign's judgement settles the result):
-1. **Start** with the one-knob sweep: each knob value once, from the defaults (plus what it
-   requires). It is cheap, and it measures every main effect.
-2. **Screen** by Thompson sampling over a model of the knob effects: log throughput is
+1. **Screen** by Thompson sampling over a model of the knob effects: log throughput is
    additive in each non-default knob value plus each pair of them (the interactions), with a
    Gaussian prior, fitted by Bayesian linear regression to every paired measurement (a paired
    record observes ``f(build) - f(against)``, so comparisons with any comparator inform one
    model). Each step draws one model from the posterior and measures the configuration it
    ranks best among those not yet measured; an uncertain region is tried exactly as often as
-   it may hold the best. Measurements are **screening** experiments (``screen=True``: a few
-   ABBA pairs, a wider target interval).
-3. **Comparator.** Every screening experiment is paired with the current *comparator*: the
+   it may hold the best. Every ``EXPLOIT_EVERY``-th pick, and the last few, take the
+   posterior mean's best instead: what the model believes best gets measured, so small effects
+   learnt from many screens reach the leader. The first draws come from the prior alone, so the search starts
+   from configurations spread over the whole space rather than from one-knob changes of the
+   defaults (a default step is usually the slowest, and a change that pays only with
+   another, such as ``prefill`` on the fused step, shows nothing there). Measurements are
+   **screening** experiments (``screen=True``: a few ABBA pairs, a wider target interval).
+2. **Comparator.** Every screening experiment is paired with the current *comparator*: the
    baseline at first, then the fastest build measured when the whole evidence (the campaign's
    ``ranking``) puts it at least ``SWITCH_GAIN`` above the comparator. Half of a paired
    experiment's passes are the comparator's, and the reference build is often many times
    slower than a fused one, so a fast comparator makes screening several times cheaper. The
    ranking composes the comparators' links with their uncertainty: nothing is ranked by a
    chain of point ratios.
-4. **Stop** when fewer than ``STOP_PROBABILITY`` of the posterior's draws put any unmeasured
+3. **Stop** when fewer than ``STOP_PROBABILITY`` of the posterior's draws put any unmeasured
    configuration ``MIN_GAIN`` above the leader, or the agent's budget ends (the campaign keeps
    a reserve of experiments and seconds for its judgement: races of the contenders by the
    full protocol, and the leader paired with the baseline).
-5. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
+4. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
    ready yet", not "slow") is tried once more after the rest, when the persistent compile
-   cache has its artifacts. Until then, the configurations holding a knob value that has only
-   ever timed out are deferred (the timeout says nothing about speed, and each one would
-   cost a whole timeout).
+   cache has its artifacts. Until then, a configuration is deferred when it holds every value
+   of a timed-out one that no passed configuration held (the timeout says nothing about
+   speed, and each such try would cost a whole timeout again).
 
 The model only proposes; every decision about the result is the campaign's paired rule. The
 agent never runs the same (configuration, paired-against) twice. Sandbox ``i`` of ``n`` owns
@@ -86,6 +89,10 @@ MIN_GAIN = 0.01
 STOP_PROBABILITY = 0.05
 """... where "likely" is this share of the posterior's draws."""
 STOP_DRAWS = 64
+EXPLOIT_EVERY = 4
+"""Every this many picks, the configuration the posterior mean ranks best (not a draw)."""
+EXPLOIT_LAST = 3
+"""... and so are the agent's last this many experiments."""
 PRIOR_MAIN = 0.7
 """Prior standard deviation of one knob value's effect on log throughput (about ×2)."""
 PRIOR_PAIR = 0.35
@@ -272,11 +279,15 @@ class SearchAgent:
         screened: set[str] = set()
         retry: list[Config] = []
 
-        suspect: set[tuple[str, str]] = set()  # knob values that only ever timed out: deferred
-        passed: set[tuple[str, str]] = set()
+        timed_out: list[frozenset[tuple[str, str]]] = []  # the values of each configuration that timed out
+        passed: set[tuple[str, str]] = set()  # values seen in a configuration that passed
 
-        def values(config: Config) -> set[tuple[str, str]]:
-            return {(k, json.dumps(v)) for k, v in config.items() if v != defaults[k]}
+        def values(config: Config) -> frozenset[tuple[str, str]]:
+            return frozenset((k, json.dumps(v)) for k, v in config.items() if v != defaults[k])
+
+        def deferred(i: int) -> bool:
+            """``mine[i]`` holds every value that a timed-out configuration held and no passed one did."""
+            return bool(timed_out) and any((t - passed) <= held[i] for t in timed_out)
 
         def screen(config: Config, why: str) -> None:
             nonlocal comparator
@@ -285,37 +296,43 @@ class SearchAgent:
             record = self._attempt(ctx, config, why, comparator)
             if record is not None and record.status == "timeout":
                 retry.append(config)
-                suspect.update(values(config) - passed)
+                timed_out.append(values(config))
             elif record is not None and ctx.eligible(record):
                 passed.update(values(config))
-                suspect.difference_update(values(config))
             comparator = self._comparator(ctx, comparator)
 
-        # 1. The one-knob sweep: every main effect.
-        for config in sweep(defaults, choices, requires):
-            mine_now = config_key(config) not in screened and owner(config, ctx.sandboxes) == ctx.sandbox
-            if mine_now and not values(config) & suspect:
-                screen(config, f"sweep: {_diff(defaults, config)}")
-
-        # 2.-4. Thompson sampling over the knob model until no configuration is likely to gain.
+        # 1.-3. Thompson sampling over the knob model until no configuration is likely to gain.
+        features = model.matrix(mine)
+        keys = [config_key(c) for c in mine]
+        held = [values(c) for c in mine]
+        picks = 0
         while True:
-            left = [c for c in mine if config_key(c) not in screened and not values(c) & suspect]
-            if not left:
+            open_ = [i for i, k in enumerate(keys) if k not in screened and not deferred(i)]
+            if not open_:
                 break
             model.fit(self._observations(ctx))
-            candidates = model.matrix(left)
-            lead = self._leader_config(ctx)
-            gains = (candidates - model.features(lead)) @ model.draw(rng, STOP_DRAWS).T
+            candidates = features[open_]
+            leader = model.features(self._leader_config(ctx))
+            gains = (candidates - leader) @ model.draw(rng, STOP_DRAWS).T
             if float(np.mean(gains.max(axis=0) > math.log1p(MIN_GAIN))) < STOP_PROBABILITY:
                 break
-            pick = left[int(np.argmax(candidates @ model.draw(rng, 1)[0]))]
-            screen(pick, f"screen: {_diff(defaults, pick)}")
+            picks += 1
+            # Mostly a posterior draw (explore where the best may be); every EXPLOIT_EVERY-th pick,
+            # and the last ones, the posterior mean's best (measure what the model believes best).
+            exploit = picks % EXPLOIT_EVERY == 0 or ctx.experiments_left() <= EXPLOIT_LAST
+            weights = model.mean if exploit else model.draw(rng, 1)[0]
+            pick = mine[open_[int(np.argmax(candidates @ weights))]]
+            screen(pick, f"{'exploit' if exploit else 'screen'}: {_diff(defaults, pick)}")
 
-        # 5. What timed out preparing gets one more try, warm.
+        # 4. What timed out preparing gets one more try, warm.
         for config in retry:
-            self._attempt(
-                ctx, config, f"retry (it timed out preparing): {_diff(defaults, config)}", comparator
-            )
+            spent = max(r.timings.totalS for r in self.tried.values() if r.status == "timeout")
+            if ctx.seconds_left() < spent:
+                break  # no time for another try that long
+            why = f"retry (it timed out preparing): {_diff(defaults, config)}"
+            record = self._attempt(ctx, config, why, comparator)
+            if record is not None and ctx.eligible(record):
+                passed.update(values(config))
 
         lead = self._leader_config(ctx)
         return f"screening ended; the leader is {_diff(defaults, lead) or 'the baseline'}"
