@@ -88,7 +88,7 @@ def test_agent_and_engine_sandboxes_write_the_campaign_to_s3(
                 "--store",
                 uri,
                 "--ready-timeout",
-                "120",
+                "120s",
             ],
             env=env,
             capture_output=True,
@@ -105,7 +105,9 @@ def test_agent_and_engine_sandboxes_write_the_campaign_to_s3(
         for f in ("ledger-0.jsonl", "ledger-1.jsonl", "progress-0.json", "progress-1.json", "result.json")
     } <= keys
     ledgers = [store.read_jsonl(prefix + f"ledger-{i}.jsonl") for i in (0, 1)]
-    assert [len(x) for x in ledgers] == [3, 2]  # 5 experiments shared 3 + 2
+    # 5 experiments shared 3 + 2: sandbox 0 keeps its third for the judgement's final pairing
+    # (unused when the baseline leads), sandbox 1's two are the baseline and one candidate.
+    assert [len(x) for x in ledgers] in ([3, 2], [2, 2])
     base = ledgers[0][0]["build"]
     assert ledgers[1][0]["build"] == base, "each sandbox measures the baseline"
     rest = [{r["build"] for r in ledger[1:]} for ledger in ledgers]
