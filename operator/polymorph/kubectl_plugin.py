@@ -581,7 +581,7 @@ def cmd_get(s: Session, args: argparse.Namespace) -> int:
     last = None
     while True:
         current = view()
-        key = json.dumps({k: v for k, v in current.items()}, sort_keys=True, default=str)
+        key = json.dumps(current, sort_keys=True, default=str)
         if key != last:
             if s.output == "json":
                 s.console.file.write(json.dumps(current, default=str) + "\n")
