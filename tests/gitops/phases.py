@@ -23,6 +23,7 @@ from polymorph.core import rollout
 from polymorph.core.analysis import AnalysisRun
 from polymorph.core.compilejobs import JobObservation, compilejob_status
 from polymorph.handlers import modeldeployments as mdh
+from polymorph.handlers.compilejobs import create as create_cj
 from polymorph.handlers.compilejobs import parse as parse_cj
 
 __all__ = ["ACTIVE", "CANDIDATE", "T0", "compilejob_phases", "deployment_phases"]
@@ -244,7 +245,29 @@ def compilejob_phases() -> dict[str, dict[str, Any]]:
     done = JobObservation(exists=True, succeeded=2, finished="Complete")
     out["succeeded"] = _cj(([], _result(True), done), None)
     out["succeeded-no-improvement"] = _cj(([], _result(False), done), None)
+    out["unresolvable"] = _unresolvable()
     return out
+
+
+def _unresolvable() -> dict[str, Any]:
+    """A CompileJob whose deployment does not exist: the create handler fails it (``handlers.compilejobs``)."""
+    body: dict[str, Any] = {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "CompileJob",
+        "metadata": {"name": "orphan", "namespace": "inference", "generation": 1, "uid": "c-2"},
+        "spec": {"deploymentRef": {"name": "missing"}},
+    }
+    patch = kopf.Patch()
+    ctx = SimpleNamespace(
+        event=lambda *a, **k: None, clock=lambda: T0, kube=SimpleNamespace(get=lambda *a, **k: None)
+    )
+    try:
+        asyncio.run(create_cj(body, patch, ctx))  # type: ignore[arg-type]
+    except kopf.PermanentError:
+        pass
+    else:
+        raise AssertionError("a CompileJob for a missing deployment must fail")
+    return {**body, "status": dict(patch.status)}
 
 
 def _result(improved: bool) -> CampaignResult:

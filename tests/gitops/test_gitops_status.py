@@ -47,6 +47,7 @@ COMPILEJOB = {
     "failed": ("Failed", "Degraded"),
     "succeeded": ("Current", "Healthy"),
     "succeeded-no-improvement": ("Current", "Healthy"),
+    "unresolvable": ("Failed", "Degraded"),
 }
 
 
