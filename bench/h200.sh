@@ -46,10 +46,9 @@ all)
     # head against the best points of the sweep recorded earlier (SWEEP_FROM; the sweep
     # itself takes ~2 minutes), then batch-1 decode of the build it kept beside the peers (rows
     # past the budget are recorded as skipped).
-    timeout 380 python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
+    timeout 360 python3 bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \
         --sweep-from "${SWEEP_FROM:-bench/results/search-quality-llama-8b-h200-2026-12-01-b.json}" \
-        --experiment-timeout "${EXPERIMENT_TIMEOUT:-30}" --max-experiments "${MAX_EXPERIMENTS:-400}" \
-        --deadline "${CAMPAIGN_DEADLINE:-240s}" \
+        ${CAMPAIGN_FLAGS:-} \
         --out "$OUT/search-quality-llama-8b-h200-$DATE.json" >/dev/null || echo "search exited $?"
     FOUND=$(python3 -c '
 import json, sys
@@ -58,8 +57,8 @@ print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in
 ' "$OUT/search-quality-llama-8b-h200-$DATE.json" || true)
     echo "campaign kept: ${FOUND:-nothing}"
     python3 bench/decode.py --models llama-8b,llama-1b --batches 1 --compiled-batches 1 \
-        --engines polymorph-reference,polymorph,compiled-peer,hf-compiled --steps 128 \
-        --knobs "${FOUND:-kv_cache=concat}" --budget-s "${DECODE_BUDGET_S:-140}" --json \
+        --engines polymorph-reference,polymorph,compiled-peer --steps 128 \
+        --knobs "${FOUND:-kv_cache=concat}" --budget-s "${DECODE_BUDGET_S:-220}" --json \
         --out "$OUT/decode-h200-$DATE-campaign.json" >/dev/null
     ;;
 *)

@@ -50,7 +50,7 @@ from polymorph.api.common import parse_duration
 from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
 from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
 from polymorph.compile.campaign import Campaign, CampaignSettings
-from polymorph.compile.cli import CAMPAIGN_CPU_SCALE
+from polymorph.compile.cli import CAMPAIGN_CPU_SCALE, DEVICE_DEFAULTS
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.errors import BuildError
 from polymorph.store import open_store
@@ -175,12 +175,21 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, 
         "prepareS": round(sum(r.timings.prepareS for r in records), 2),
         # What the selection relied on: the judgement's races and final pairing (full protocol).
         "judged": [
-            {"description": r.description, "build": r.build, "halfWidth": r.halfWidth, "ratio": r.comparison.ratio if r.comparison else None}
+            {
+                "description": r.description,
+                "build": r.build,
+                "halfWidth": r.halfWidth,
+                "ratio": r.comparison.ratio if r.comparison else None,
+            }
             for r in records
             if not r.screen and r.build != (records[0].build if records else "")
         ],
         "maxJudgedHalfWidth": max(
-            (r.halfWidth for r in records[1:] if not r.screen and r.status == "passed" and r.halfWidth is not None),
+            (
+                r.halfWidth
+                for r in records[1:]
+                if not r.screen and r.status == "passed" and r.halfWidth is not None
+            ),
             default=None,
         ),
         "records": [_point(r) for r in records],
@@ -295,7 +304,9 @@ def main() -> int:
         help="pair the sweep's points with this configuration (itself paired with the reference once)",
     )
     parser.add_argument(
-        "--experiment-timeout", type=float, default=900, help="seconds one experiment may take (default 900)"
+        "--experiment-timeout",
+        type=float,
+        help="seconds one experiment may take (default: polymorph compile's for --device)",
     )
     parser.add_argument(
         "--sweep-from",
@@ -303,12 +314,26 @@ def main() -> int:
         metavar="RESULT.json",
         help="skip the sweep: take the exhaustive best of an earlier result (same device and model)",
     )
-    parser.add_argument("--max-experiments", type=int, default=30, help="the campaign's budget (default 30)")
-    parser.add_argument("--deadline", default="2h", help="the campaign's deadline (default 2h)")
+    parser.add_argument(
+        "--max-experiments",
+        type=int,
+        help="the campaign's budget (default: polymorph compile's for --device)",
+    )
+    parser.add_argument(
+        "--deadline", help="the campaign's deadline (default: polymorph compile's for --device)"
+    )
     parser.add_argument("--min-speedup", type=float, default=1.05)
     parser.add_argument("--threads", type=int, help="worker torch threads (default 1 on CPU)")
     parser.add_argument("--out", type=Path, help="where to write the JSON result")
     args = parser.parse_args()
+    # The campaign's budget: polymorph compile's defaults for this device unless given.
+    defaults = DEVICE_DEFAULTS["cpu" if args.device == "cpu" else "cuda"]
+    if args.max_experiments is None:
+        args.max_experiments = int(defaults["max_experiments"])
+    if args.deadline is None:
+        args.deadline = str(defaults["deadline"])
+    if args.experiment_timeout is None:
+        args.experiment_timeout = parse_duration(str(defaults["experiment_timeout"]))
     knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
     # Bad flags fail before the worker starts.
     _check(args)

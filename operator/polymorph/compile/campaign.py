@@ -55,6 +55,7 @@ from polymorph.builds import KnobValue, read_build
 from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted, Comparison
 from polymorph.compile.confirmation import confirm
 from polymorph.compile.documents import (
+    CampaignResult,
     Progress,
     ProgressBest,
     ProgressBudget,
@@ -141,6 +142,7 @@ class Campaign:
         self.workload_hash = settings.workload_hash
         self.base_id = build_id(settings.base_dir)
         previous = self._read_progress()
+        self._previous = previous
         self.prior_elapsed = previous.elapsedS if previous else 0.0
         self.started_at = previous.startedAt if previous else _now()
         self.tokens = previous.tokens if previous else TokenUsage()
@@ -168,7 +170,9 @@ class Campaign:
 
     def reserved_experiments(self) -> int:
         """Experiments kept from the agent for the judgement: the races and the final pairing."""
-        return min(1 + MAX_CONTENDERS, max(1, self.share // 4)) if self.share > 1 else 0
+        if self.share < 3:
+            return 0  # the baseline and one candidate: nothing to judge it against but the baseline
+        return min(1 + MAX_CONTENDERS, max(1, self.share // 4))
 
     def reserved_seconds(self) -> float:
         """Seconds kept from the agent for the judgement, from what experiments have cost so far:
@@ -213,14 +217,18 @@ class Campaign:
         ``reserved_seconds``), so the best build it found is always judged before the deadline.
         """
         if self.experiments_left() <= 0:
-            held = "" if self._judging else f", {self.reserved_experiments()} of them kept for the judgement"
-            raise BudgetExhausted(
-                "maxExperiments", f"the experiment budget ({self.share} for this sandbox{held}) is spent"
+            held = self.reserved_experiments()
+            why = (
+                f"the experiment budget ({self.share} for this sandbox) is spent"
+                if self._judging or not held
+                else f"the agent's share of the experiment budget is spent ({self.share - held} of "
+                f"{self.share} for this sandbox; {held} kept for the judgement)"
             )
+            raise BudgetExhausted("maxExperiments", why)
         if self.seconds_left() <= 0 and not self._final:
-            held = "" if self._judging else f", less {self.reserved_seconds():.0f} s kept for the judgement"
+            kept = "" if self._judging else f", less {self.reserved_seconds():.0f} s kept for the judgement"
             raise BudgetExhausted(
-                "deadline", f"the deadline ({self.settings.budget.deadline}{held}) has passed"
+                "deadline", f"the deadline ({self.settings.budget.deadline}{kept}) has passed"
             )
 
     # --- experiments ------------------------------------------------------------------------
@@ -595,7 +603,45 @@ class Campaign:
         except Exception as exc:  # the interruption is what must reach the user; this is a footnote
             self._log(f"could not record the interruption in the progress document: {exc}")
 
+    def _finished_before(self) -> CampaignOutcome | None:
+        """The outcome of an earlier run that finished this sandbox on the same budget, or None.
+
+        Running a finished campaign again changes nothing: its result stands (what it ran, why
+        it stopped, what it kept), so it is reported as it was rather than replayed. A bigger
+        budget or a later deadline makes it a campaign with more to do: it resumes.
+        """
+        previous = self._previous
+        key = self.settings.paths.result
+        if previous is None or previous.state != "finished" or previous.stopReason is None:
+            return None
+        budget = previous.budget
+        if (
+            budget.maxExperiments != self.share
+            or budget.deadlineS != self.deadline_s
+            or not self.store.exists(key)
+        ):
+            return None
+        result = CampaignResult.model_validate(self.store.get_json(key))
+        self._baseline = next((r for r in self.ledger.records if r.build == self.base_id), None)
+        self.state, self.stop_reason, self.message = "finished", previous.stopReason, previous.message
+        self._cached = len(self.ledger)
+        best_uri = _build_uri(self.store, result.best.build) if result.best is not None else None
+        return CampaignOutcome(
+            result=result,
+            progress=self.progress(),
+            stopReason=previous.stopReason,
+            message=previous.message,
+            ranThisSession=0,
+            fromLedger=len(self.ledger),
+            sessionSeconds=self.clock() - self._session_start,
+            records=list(self.ledger.records),
+            bestUri=best_uri,
+        )
+
     def _run(self, agent: Agent) -> CampaignOutcome:
+        done = self._finished_before()
+        if done is not None:
+            return done
         stop: StopReason = "finished"
         message = ""
         try:

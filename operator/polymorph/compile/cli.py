@@ -54,24 +54,55 @@ from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 __all__ = ["configure", "run"]
 
 
+DEVICE_DEFAULTS: dict[str, dict[str, str | int]] = {
+    "cpu": {
+        "max_experiments": 30,
+        "deadline": "10m",
+        "experiment_timeout": measurement.DEFAULT_EXPERIMENT_TIMEOUT,
+    },
+    # What bench/h200.sh measured on an H200 (llama-8b): a 4-minute campaign of short screening
+    # experiments (about 3 s each), where a torch.compile candidate still compiling after 30 s is
+    # "not ready yet" (one warm retry), not worth a quarter of the deadline.
+    "cuda": {"max_experiments": 400, "deadline": "4m", "experiment_timeout": "30s"},
+}
+"""Per device type, ``--max-experiments``, ``--deadline`` and ``--experiment-timeout`` when not given."""
+
+
+def _device_defaults(args: argparse.Namespace) -> None:
+    """Fill the budget flags left out with ``DEVICE_DEFAULTS`` for ``--device``'s type."""
+    kind = "cpu" if str(args.device).split(":")[0] == "cpu" else "cuda"
+    defaults = DEVICE_DEFAULTS[kind]
+    if args.max_experiments is None:
+        args.max_experiments = int(defaults["max_experiments"])
+    for name in ("deadline", "experiment_timeout"):
+        if getattr(args, name) is None:
+            setattr(args, name, duration()(str(defaults[name])))
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     measurement.add_flags(parser)  # --model, --workload, --device, --dtype, --repeats, --threads, ...
+    cpu, cuda = DEVICE_DEFAULTS["cpu"], DEVICE_DEFAULTS["cuda"]
+    for action in parser._actions:  # the shared flag's default depends on --device here
+        if action.dest == "experiment_timeout":
+            action.default = None
+            action.help = (
+                "per experiment, e.g. 90s or 10m; a hung build is killed after it "
+                f"(default {cpu['experiment_timeout']}; {cuda['experiment_timeout']} with --device cuda)"
+            )
     parser.add_argument(
         "--agent", choices=["search", "claude"], default="search", help="who proposes builds (default search)"
     )
     parser.add_argument(
         "--max-experiments",
         type=integer(1, MAX_EXPERIMENTS),
-        default=30,
         metavar="N",
-        help="experiment budget (default 30)",
+        help=f"experiment budget (default {cpu['max_experiments']}; {cuda['max_experiments']} with --device cuda)",
     )
     parser.add_argument(
         "--deadline",
         type=duration(),
-        default="10m",
         metavar="DURATION",
-        help="time budget, e.g. 90s, 10m, 2h (default 10m)",
+        help=f"time budget, e.g. 90s, 10m, 2h (default {cpu['deadline']}; {cuda['deadline']} with --device cuda)",
     )
     parser.add_argument(
         "--store",
@@ -190,7 +221,7 @@ def _rerun(args: argparse.Namespace, base: str) -> Callable[[str], str]:
 
 
 def run(args: argparse.Namespace) -> int:
-
+    _device_defaults(args)
     checked = _checked(args)
     if args.api_key_file:  # read before the agent is made, and bounded: a key is a short line
         read_text(args.api_key_file, "--api-key-file", limit=64 * 1024)
