@@ -39,7 +39,9 @@ from rich.tree import Tree
 
 from polymorph.api.common import BUILD_ID_PATTERN
 from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeClient, KubeError
+from polymorph.errors import StoreError, UsageError
 from polymorph.inputs import Parser, duration
+from polymorph.store import KeyNotFound, Store, ledger_key, open_store
 
 __all__ = ["ANNOTATION_ABORT", "ANNOTATION_APPROVE", "main"]
 
@@ -136,6 +138,46 @@ def _leaderboard(cj: Mapping[str, Any]) -> list[JSON]:
     return out
 
 
+def ledger_leaderboard(store: Store, cj: Mapping[str, Any], top: int = 5) -> list[JSON]:
+    """The campaign's best experiments from its ledgers in the store, as ``polymorph compile`` ranks them.
+
+    Passed experiments paired against the baseline, by their paired ratio (inverted for a
+    latency objective), with its confidence interval; one row per build, best first.
+    """
+    meta, spec, status = cj.get("metadata", {}), cj.get("spec") or {}, cj.get("status") or {}
+    ns, name, uid = meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid", "")
+    maximize = ((spec.get("objective") or {}).get("metric", "outputTokensPerSecond")) not in _LOWER_IS_BETTER
+    base = (status.get("baseline") or {}).get("build")
+    best = (status.get("best") or {}).get("build")
+    sandboxes = max(int((spec.get("budget") or {}).get("sandboxes") or 2), len(status.get("sandboxes") or []))
+    rows: dict[str, JSON] = {}
+    for i in range(sandboxes):
+        try:
+            records = store.read_jsonl(ledger_key(ns, name, uid, i))
+        except KeyNotFound:
+            continue
+        for rec in records:
+            paired = rec.get("comparison") or {}
+            if rec.get("status") != "passed" or not paired or paired.get("against") != base:
+                continue
+            ratio, lo, hi = float(paired["ratio"]), float(paired["lo"]), float(paired["hi"])
+            if not maximize:
+                ratio, lo, hi = 1.0 / ratio, 1.0 / hi, 1.0 / lo
+            build = str(rec.get("build"))
+            if build in rows and rows[build]["speedup"] >= ratio:
+                continue
+            rows[build] = {
+                "build": build, "speedup": round(ratio, 3), "ci": [round(lo, 3), round(hi, 3)],
+                "pairs": paired.get("pairs"), "value": ((rec.get("figures") or {}).get("outputTokensPerSecond")),
+                "sandbox": i, "role": "best" if build == best else "candidate",
+                "description": str(rec.get("description") or rec.get("name") or "")[:60],
+            }  # fmt: skip
+    out = sorted(rows.values(), key=lambda r: -r["speedup"])[:top]
+    for rank, row in enumerate(out, 1):
+        row["rank"] = rank
+    return out
+
+
 def compilejob_view(cj: Mapping[str, Any]) -> JSON:
     meta, spec, status = cj.get("metadata", {}), cj.get("spec") or {}, cj.get("status") or {}
     counts = status.get("experiments") or {}
@@ -154,6 +196,7 @@ def compilejob_view(cj: Mapping[str, Any]) -> JSON:
         "best": status.get("best"),
         "baseline": status.get("baseline"),
         "leaderboard": _leaderboard(cj),
+        "leaderboardFrom": "status",
         "sandboxes": [
             {k: s.get(k) for k in ("index", "phase", "experiments", "bestBuild", "bestValue", "message")}
             for s in status.get("sandboxes") or []
@@ -293,7 +336,8 @@ def _compilejob_tree(node: Tree, cj: JSON) -> None:
     )  # fmt: skip
     if cj.get("message"):
         node.add(_line(_label("Message"), (cj["message"], "")))
-    board = node.add(_line(_label("Leaderboard"), (f"objective {cj['objective']}", "dim")))
+    source = "from the ledgers, paired with the baseline" if cj.get("leaderboardFrom") == "ledger" else "baseline and each sandbox's best"  # fmt: skip
+    board = node.add(_line(_label("Leaderboard"), (f"objective {cj['objective']}; {source}", "dim")))
     if not cj["leaderboard"]:
         board.add(Text("no results yet", style="dim"))
     for row in cj["leaderboard"]:
@@ -305,8 +349,12 @@ def _compilejob_tree(node: Tree, cj: JSON) -> None:
                 (_short(row["build"]), "cyan"),
                 (f"{_fmt(row['value'], 4)}", ""),
                 (f"{row['speedup']:.2f}x" if row.get("speedup") is not None else "-", "bold"),
+                (f"[{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] ({row.get('pairs')} pairs)", "")
+                if row.get("ci")
+                else None,
                 (row["role"], "dim"),
                 (where, "dim"),
+                (row.get("description") or "", "dim"),
             )
         )
 
@@ -475,6 +523,17 @@ class Session:
     console: Console
     err: Console
     output: str
+    store: Store | None = None
+
+    def with_ledger(self, view: JSON, cj: Mapping[str, Any] | None) -> JSON:
+        """``view`` (a CompileJob's) with the leaderboard from its ledgers when --store is given."""
+        if self.store is None or cj is None:
+            return view
+        try:
+            board = ledger_leaderboard(self.store, cj)
+        except StoreError as exc:
+            raise Refused(f"--store: {exc}") from None
+        return {**view, "leaderboard": board, "leaderboardFrom": "ledger"}
 
     def md(self, name: str) -> JSON:
         obj = self.kube.get(MODELDEPLOYMENTS, self.namespace, name)
@@ -562,9 +621,13 @@ def cmd_get(s: Session, args: argparse.Namespace) -> int:
             cj = s.kube.get(COMPILEJOBS, s.namespace, args.name)
             if cj is None:
                 raise Refused(f"CompileJob {s.namespace}/{args.name} not found.")
-            return compilejob_view(cj)
+            return s.with_ledger(compilejob_view(cj), cj)
         md = s.md(args.name)
-        return deployment_view(md, s.last_compilejob(md))
+        last = s.last_compilejob(md)
+        out = deployment_view(md, last)
+        if isinstance(out.get("lastCompileJob"), dict) and out["lastCompileJob"].get("kind") == "CompileJob":
+            out["lastCompileJob"] = s.with_ledger(out["lastCompileJob"], last)
+        return out
 
     if not args.watch:
         _show(s, view())
@@ -899,6 +962,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("name")
     g.add_argument("-w", "--watch", action="store_true", help="keep showing it as it changes")
     g.add_argument("--interval", type=_interval, default="2s", help="how often -w reads it (default 2s)")
+    g.add_argument(
+        "--store",
+        default=os.environ.get("POLYMORPH_STORE"),
+        help="the artifact store (s3://bucket/prefix or a path; default $POLYMORPH_STORE): the leaderboard "
+        "then comes from the CompileJob's ledgers, every experiment paired with the baseline",
+    )
     g.set_defaults(fn=cmd_get)
     ls = sub.add_parser("list", parents=[common], help="one line per ModelDeployment (or cj)")
     ls.add_argument("kind", nargs="?", default="md", help="md (default) or cj")
@@ -937,7 +1006,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Console(highlight=False, color_system=None, width=160)
     try:
         kube, namespace = _connect(args)
-        return int(args.fn(Session(kube, namespace, out, err, output), args))
+        store = None
+        if getattr(args, "store", None):
+            try:
+                store = open_store(args.store)
+            except (UsageError, StoreError) as exc:
+                raise Refused(f"--store: {exc}") from None
+        return int(args.fn(Session(kube, namespace, out, err, output, store), args))
     except Refused as exc:
         sys.stderr.write(f"kubectl polymorph: {exc}\n")
         return 2

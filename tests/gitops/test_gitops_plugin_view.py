@@ -4,11 +4,14 @@ in tests/operator/test_operator_kubectl_plugin.py and the e2e)."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
+from typing import Any
 
 from phases import CANDIDATE, compilejob_phases, deployment_phases
 from rich.console import Console
 
-from polymorph.kubectl_plugin import compilejob_view, deployment_view, render_tree
+from polymorph.kubectl_plugin import compilejob_view, deployment_view, ledger_leaderboard, render_tree
+from polymorph.store import LocalStore, ledger_key
 
 
 def plain(view: dict[str, object]) -> str:
@@ -69,3 +72,36 @@ def test_tree_shows_step_weight_analysis_drift_and_the_compilejob() -> None:
     assert "0.61" in text and "threshold 0.25" in text and "input tokens moved 1.8 doublings" in text
     assert "CompileJob" in text and "★ 1." in text and "1.52x" in text and "sandbox 1" in text
     assert "Stalled" in text and "AnalysisFailed" in text
+
+
+def test_ledger_leaderboard_ranks_paired_experiments(tmp_path: Path) -> None:
+    """With --store, the leaderboard is every passed experiment paired with the baseline, from the ledgers."""
+    store = LocalStore(tmp_path)
+    cj = cj_with_sandboxes()
+    base = cj["status"]["baseline"]["build"]
+    other = "sha256:" + "e" * 64
+
+    def rec(
+        build: str, status: str, ratio: float | None, against: str = base, desc: str = ""
+    ) -> dict[str, Any]:
+        paired = None if ratio is None else {"against": against, "ratio": ratio, "lo": ratio - 0.1, "hi": ratio + 0.1, "pairs": 6}  # fmt: skip
+        return {"build": build, "status": status, "comparison": paired, "description": desc}
+
+    meta = cj["metadata"]
+    store.append_jsonl(
+        ledger_key(meta["namespace"], meta["name"], meta["uid"], 0),
+        [rec(base, "passed", None, desc="baseline"), rec(CANDIDATE, "passed", 1.5, desc="static cache"),
+         rec(other, "passed", 1.2, desc="fused mlp"), rec(other, "passed", 1.1, desc="again, lower")],
+    )  # fmt: skip
+    store.append_jsonl(
+        ledger_key(meta["namespace"], meta["name"], meta["uid"], 1),
+        [rec("sha256:" + "f" * 64, "rejected", 2.0), rec("sha256:" + "d" * 64, "passed", 1.9, against=other)],
+    )
+    board = ledger_leaderboard(store, cj)
+    assert [(r["rank"], r["build"], r["speedup"], r["role"]) for r in board] == [
+        (1, CANDIDATE, 1.5, "best"), (2, other, 1.2, "candidate")
+    ]  # fmt: skip
+    assert board[0]["ci"] == [1.4, 1.6] and board[0]["pairs"] == 6 and board[1]["description"] == "fused mlp"
+    view = {**compilejob_view(cj), "leaderboard": board, "leaderboardFrom": "ledger"}
+    text = plain(view)
+    assert "from the ledgers, paired with the baseline" in text and "1.50x  [1.40, 1.60] (6 pairs)" in text
