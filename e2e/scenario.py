@@ -22,6 +22,7 @@ It knows nothing about how the cluster is provided (``harness.Fleet``).
 from __future__ import annotations
 
 import copy
+import re
 import json
 import time
 from collections.abc import Callable
@@ -115,17 +116,19 @@ def compilejob(name: str, base: str, profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def narrate(fresh: list[dict[str, Any]], told: dict[tuple[str, str], set[str]]) -> list[str]:
+def narrate(fresh: list[dict[str, Any]], told: dict[tuple[str, str, str], set[str]]) -> list[str]:
     """One line per new Event, in the order they were recorded, naming the object it is about.
 
-    A decision the operator records on two objects (``CompileJobSucceeded`` and ``CompileJobFailed``
-    go to the CompileJob and to its deployment, with one message) is told once: an Event whose
-    reason and message were already told about another object is its mirror. ``told`` maps each
-    (reason, message) told to the objects it was seen on, across calls.
+    A decision the operator records on two objects is told once: ``CompileJobSucceeded`` and
+    ``CompileJobFailed`` go to the CompileJob with a message, and to its deployment with the same
+    message after ``CompileJob <name>: ``. Such a pair has one key, (reason, CompileJob, message),
+    and the second of the pair is skipped. ``told`` maps each key told to the objects it was seen
+    on, across calls; the same key on the same object again is a new decision, told again.
     """
     lines: list[str] = []
     for e in sorted(fresh, key=lambda e: int(e["metadata"].get("resourceVersion") or 0)):
-        key, about = (e["reason"], e["message"]), _about(e)
+        about = _about(e)
+        key = _decision(e)
         seen_on = told.setdefault(key, set())
         if seen_on and about not in seen_on:  # the mirror of a decision already told
             seen_on.add(about)
@@ -133,6 +136,21 @@ def narrate(fresh: list[dict[str, Any]], told: dict[tuple[str, str], set[str]]) 
         told[key] = {about}
         lines.append(f"  event {e['reason']:<20} {about:<24} {e['message']}")
     return lines
+
+
+_ABOUT_A_COMPILEJOB = re.compile(r"^CompileJob (?P<name>[a-z0-9][-a-z0-9.]*): (?P<message>.*)$", re.DOTALL)
+
+
+def _decision(event: dict[str, Any]) -> tuple[str, str, str]:
+    """(reason, CompileJob name or "", message): what a mirrored pair of Events has in common."""
+    obj = event.get("involvedObject", {})
+    message = str(event.get("message", ""))
+    if obj.get("kind") == "CompileJob":
+        return event["reason"], str(obj.get("name", "")), message
+    mirrored = _ABOUT_A_COMPILEJOB.match(message)
+    if mirrored is not None:
+        return event["reason"], mirrored["name"], mirrored["message"]
+    return event["reason"], "", message
 
 
 def _about(event: dict[str, Any]) -> str:
@@ -155,8 +173,8 @@ class Scenario:
         self.traffic: Traffic | None = None
         self.t0 = time.monotonic()
         self._seen: set[str] = set()
-        self._told: dict[tuple[str, str], set[str]] = {}
-        """Each Event told, by (reason, message): the objects it was recorded on."""
+        self._told: dict[tuple[str, str, str], set[str]] = {}
+        """Each decision told (``narrate``): the objects it was recorded on."""
         self.gitops = gitops.Observer(fleet, MD)
         """Every version of the deployment and its CompileJobs that a wait read (``gitops_report``)."""
 

@@ -26,20 +26,42 @@ def event(rv: int, reason: str, kind: str, name: str, message: str) -> dict[str,
 
 DONE = "best sha256:ab 1.30x; 3 passed"
 MD, CJ = ("ModelDeployment", "chat"), ("CompileJob", "chat-1a2b")
+ON_MD = f"CompileJob chat-1a2b: {DONE}"
+"""What the operator writes on the deployment for the CompileJob's decision (handlers.compilejobs)."""
 
 
 @pytest.mark.parametrize(
     ("polls", "told"),
     [
         pytest.param(  # the issue's case: one decision recorded on the cj and on the md
-            [[event(1, "CompileJobSucceeded", *CJ, DONE), event(2, "CompileJobSucceeded", *MD, DONE)]],
+            [[event(1, "CompileJobSucceeded", *CJ, DONE), event(2, "CompileJobSucceeded", *MD, ON_MD)]],
             [("CompileJobSucceeded", "cj/chat-1a2b")],
             id="mirrored-in-one-poll",
         ),
         pytest.param(  # the mirror arrives one poll later
-            [[event(1, "CompileJobSucceeded", *CJ, DONE)], [event(2, "CompileJobSucceeded", *MD, DONE)]],
+            [[event(1, "CompileJobSucceeded", *CJ, DONE)], [event(2, "CompileJobSucceeded", *MD, ON_MD)]],
             [("CompileJobSucceeded", "cj/chat-1a2b")],
             id="mirrored-across-polls",
+        ),
+        pytest.param(  # the deployment's copy listed first
+            [
+                [
+                    event(2, "CompileJobFailed", *MD, "CompileJob chat-1a2b: NoBaseline"),
+                    event(3, "CompileJobFailed", *CJ, "NoBaseline"),
+                ]
+            ],
+            [("CompileJobFailed", "md/chat")],
+            id="mirror-md-first",
+        ),
+        pytest.param(  # the same words about another CompileJob are another decision
+            [
+                [
+                    event(1, "CompileJobSucceeded", *CJ, DONE),
+                    event(2, "CompileJobSucceeded", *MD, f"CompileJob other-9: {DONE}"),
+                ]
+            ],
+            [("CompileJobSucceeded", "cj/chat-1a2b"), ("CompileJobSucceeded", "md/chat")],
+            id="another-compilejob",
         ),
         pytest.param(  # listed out of order: told in the order recorded
             [[event(5, "Promoted", *MD, "done"), event(4, "Promoting", *MD, "all steps passed")]],
@@ -64,7 +86,7 @@ MD, CJ = ("ModelDeployment", "chat"), ("CompileJob", "chat-1a2b")
     ],
 )
 def test_each_decision_is_told_once(polls: list[list[dict[str, Any]]], told: list[tuple[str, str]]) -> None:
-    memory: dict[tuple[str, str], set[str]] = {}
+    memory: dict[tuple[str, str, str], set[str]] = {}
     lines = [line for batch in polls for line in narrate(batch, memory)]
     assert [tuple(line.split()[1:3]) for line in lines] == told
 
