@@ -229,3 +229,19 @@ def test_a_candidate_still_compiling_is_retried_warm_and_measured(tmp_path: Path
     retried = [r for r in compiled if r.build == timeouts[0].build and r.status == "passed"]
     assert retried and retried[0].timings.prepareS == pytest.approx(15.0)
     assert retried[0].timings.benchS > 0
+
+
+def test_a_combination_that_timed_out_defers_only_its_supersets(tmp_path: Path) -> None:
+    # compile on the layered step takes 45 s to prepare, on the fused step nothing (it is
+    # ignored there): every value of the timed-out configuration passed somewhere, so only
+    # configurations holding the whole combination wait; the search goes on over the rest.
+    space = synthetic(2)
+    for c in space.configs.values():
+        if c.config["kernels"] == "compile" and c.config["step"] == "layered":
+            c.prepare_s = 45.0
+    outcome, _runner, _ = campaign(space, tmp_path, 5, deadline="2h", max_experiments=80)
+    timeouts = [r for r in outcome.records if r.status == "timeout"]
+    assert len({r.build for r in timeouts}) <= 2
+    screened = [r for r in outcome.records if r.screen and r.status == "passed"]
+    assert len(screened) >= 30, "the search stopped screening after a timeout"
+    assert kept_ratio(space, outcome) >= 0.97

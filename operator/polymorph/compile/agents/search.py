@@ -35,8 +35,9 @@ Plan (the agent only screens; the campaign's judgement settles the result):
 4. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
    ready yet", not "slow") is tried once more after the rest, when the persistent compile
    cache has its artifacts. Until then, a configuration is deferred when it holds every value
-   of a timed-out one that no passed configuration held (the timeout says nothing about
-   speed, and each such try would cost a whole timeout again).
+   of a timed-out one that no passed configuration held, or, when each of those values passed
+   in some configuration (the combination is what timed out), all of them: the timeout says
+   nothing about speed, and each such try would cost a whole timeout again.
 
 The model only proposes; every decision about the result is the campaign's paired rule. The
 agent never runs the same (configuration, paired-against) twice. Sandbox ``i`` of ``n`` owns
@@ -286,8 +287,10 @@ class SearchAgent:
             return frozenset((k, json.dumps(v)) for k, v in config.items() if v != defaults[k])
 
         def deferred(i: int) -> bool:
-            """``mine[i]`` holds every value that a timed-out configuration held and no passed one did."""
-            return bool(timed_out) and any((t - passed) <= held[i] for t in timed_out)
+            """``mine[i]`` holds every value of a timed-out configuration that no passed one held
+            (or, when each of them passed somewhere, so that the combination is what timed out,
+            every value of it)."""
+            return bool(timed_out) and any(((t - passed) or t) <= held[i] for t in timed_out)
 
         def screen(config: Config, why: str) -> None:
             nonlocal comparator
