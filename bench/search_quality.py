@@ -9,8 +9,10 @@
    pairing every point with a slow reference). The best passed combination by speedup is the
    exhaustive best; its *contenders* are the points whose interval reaches its lower bound
    (one noisy point must not hide a better one, nor pass for the best).
-3. **Campaign**: ``Campaign`` + ``SearchAgent`` from the reference, ``--max-experiments`` budget,
-   through the same worker (so the same engine, weights and workload), with confirmation.
+3. **Campaign**: ``Campaign`` + ``SearchAgent`` from the reference, on ``polymorph compile``'s
+   budget for ``--device`` unless ``--max-experiments``, ``--deadline`` or
+   ``--experiment-timeout`` say otherwise, through the same worker (so the same engine, weights
+   and workload), with its judgement and confirmation.
 4. **Head to head**: the campaign's best paired directly with the exhaustive best and each
    contender (one experiment each, at most ``MAX_CONTENDERS``): campaign / exhaustive with its
    95% interval. "Within 3%" means the lowest of these ratios is >= 0.97.

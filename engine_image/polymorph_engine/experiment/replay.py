@@ -130,12 +130,19 @@ class RecordedSpace:
             'description = "The knob space of a recorded sweep (the replay answers its experiments)."',
         ]
         for name, choices in self.knobs.items():
-            lines += ["", f"[knobs.{name}]", f"choices = {_toml(choices)}", f"default = {_toml(self.defaults[name])}"]
+            lines += [
+                "",
+                f"[knobs.{name}]",
+                f"choices = {_toml(choices)}",
+                f"default = {_toml(self.defaults[name])}",
+            ]
             if self.requires.get(name):
                 needs = ", ".join(f"{k} = {_toml(v)}" for k, v in self.requires[name].items())
                 lines.append(f"requires = {{ {needs} }}")
         (dest / "build.toml").write_text("\n".join(lines) + "\n")
-        (dest / "hotpath.py").write_text('"""Never imported: the replay measures this build from recordings."""\n')
+        (dest / "hotpath.py").write_text(
+            '"""Never imported: the replay measures this build from recordings."""\n'
+        )
         return dest
 
     @classmethod
@@ -150,7 +157,9 @@ class RecordedSpace:
         anchor: dict[str, Any] | None = sweep.get("anchor")
         records: list[dict[str, Any]] = list((doc.get("campaign") or {}).get("records") or [])
         everything = [baseline, *([anchor] if anchor else []), *points]
-        varied = sorted(k for k in baseline["config"] if len({json.dumps(p["config"][k]) for p in everything}) > 1)
+        varied = sorted(
+            k for k in baseline["config"] if len({json.dumps(p["config"][k]) for p in everything}) > 1
+        )
         defaults = {k: baseline["config"][k] for k in varied}
         fixed = {k: v for k, v in baseline["config"].items() if k not in varied}
         by_build = {p["build"]: p for p in everything}
@@ -182,7 +191,9 @@ class RecordedSpace:
                     choices[k].append(v)
         for r in records:
             config = r.get("config") or {}
-            if r.get("status") != "timeout" or any(config.get(k) != v for k, v in fixed.items() if k in config):
+            if r.get("status") != "timeout" or any(
+                config.get(k) != v for k, v in fixed.items() if k in config
+            ):
                 continue
             for k in varied:
                 if (k, str(config.get(k))) not in seen_ok and k in config:
@@ -192,9 +203,15 @@ class RecordedSpace:
         for k in varied:  # the defaults first, as in a build.toml
             choices[k].sort(key=lambda v: (v != defaults[k], str(v)))
         base_seconds = baseline["seconds"]
-        measured = int(baseline.get("passes") or len(baseline.get("repeats") or [])) + int(baseline.get("warmup") or 0)
+        measured = int(baseline.get("passes") or len(baseline.get("repeats") or [])) + int(
+            baseline.get("warmup") or 0
+        )
         tokens = float(base_seconds["bench"]) * float(baseline["tokS"]) / max(1, measured)
-        timeouts = [float((r.get("seconds") or {}).get("total", 60.0)) for r in records if r.get("status") == "timeout"]
+        timeouts = [
+            float((r.get("seconds") or {}).get("total", 60.0))
+            for r in records
+            if r.get("status") == "timeout"
+        ]
         spec = read_build(build)
         requires = {
             k: dict(spec.knobs[k].requires)
@@ -272,7 +289,11 @@ class ReplayRunner:
         base_config = self._config(Path(against)) if against is not None else None
         self.ran.append((config, base_config, screen))
         record = ExperimentRecord(
-            build=build_id(Path(build_dir)), status="failed", description=description, knobs=config, screen=screen
+            build=build_id(Path(build_dir)),
+            status="failed",
+            description=description,
+            knobs=config,
+            screen=screen,
         )
         found = self.space.lookup(config)
         base = self.space.lookup(base_config) if base_config is not None else None
@@ -308,7 +329,11 @@ class ReplayRunner:
                 against_id = build_id(Path(against)) if against is not None else ""
                 warm = self.warm_against == against_id
                 paired = measure_paired(
-                    lambda: self._pass(found), lambda: self._pass(base), policy, clock=self.clock, baseline_warm=warm
+                    lambda: self._pass(found),
+                    lambda: self._pass(base),
+                    policy,
+                    clock=self.clock,
+                    baseline_warm=warm,
                 )
                 self.warm_against = against_id
                 record_paired(record, against_id, paired, "wall")
@@ -318,4 +343,3 @@ class ReplayRunner:
         timings.totalS = self.clock() - started
         record.timings = timings
         return record
-

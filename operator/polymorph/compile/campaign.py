@@ -16,15 +16,29 @@ result is returned, which lets a deterministic agent replay its path for free.
 
 Pairing. Every candidate is benchmarked paired with a baseline in the same engine
 (``Runner.run(build, against=...)``): by default the base build, or the build an agent names
-(``run_experiment(dir, against=record)``: the search pairs a combination with its current
-best). An experiment is identified by ``(build id, workload hash, the build it was paired
-against)``: the same build paired against another baseline is a new experiment. The base
-build itself runs alone first. The budget is
-checked before an experiment starts; one that is running may finish past the deadline
-(the runner's experiment timeout bounds it).
+(``run_experiment(dir, against=record)``: the search pairs its screens with a fast
+comparator), by the full protocol or the short screening one (``screen=True``). An
+experiment is identified by ``(build id, workload hash, the build it was paired against, the
+protocol)``: the same build paired against another baseline, or measured again by the full
+protocol, is a new experiment. A timeout counts as "not ready yet" once: the same experiment
+may run once more. The base build itself runs alone first. The budget is checked before an
+experiment starts; one that is running may finish past the deadline (the runner's experiment
+timeout bounds it).
+
+Ranking. ``ranking()`` ranks every build by all the paired records at once
+(``selection.rank``: least squares over the comparison graph); the leaderboard, ``best`` and
+``versus`` read it, so no build is ranked by a chain of point ratios.
+
+Judgement. The agent's budget ends where a reserve begins (``reserved_experiments``,
+``reserved_seconds``: the final pairing, its confirmation and ``MAX_CONTENDERS`` races, from
+what experiments have cost so far). Then ``_judge`` races the leader's contenders by the full
+protocol and pairs the leader with the baseline, so a deadline never leaves the best measured
+build unjudged, whatever the agent did.
 
 Confirmation: ``confirmation.confirm`` re-measures the winner, paired with the baseline, before
 it is declared.
+
+A campaign run again after it finished on the same budget reports its result as it was.
 
 Every eligible candidate build is stored with its manifest (parent, knobs, the workload it
 was tuned for, figures) when its experiment is recorded, so any sandbox can fetch a winner.
