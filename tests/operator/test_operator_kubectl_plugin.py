@@ -19,6 +19,7 @@ import pytest
 from documents import SLOW, figures
 from operator_harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
 
+from polymorph.store import S3Store, ledger_key
 from support.go_tools import run_json
 from support.k8s_binaries import kubectl
 from support.k8s_emulator import EmulatorThread
@@ -278,3 +279,44 @@ def test_retry_runs_a_failed_compilejob_again(cluster: tuple[EmulatorThread, Api
     assert bad.returncode == 2 and "has nothing to retry" in bad.stderr
     listed = json.loads(plugin("list", "cj", "-n", NS, "-o", "json").stdout)
     assert [v["name"] for v in listed] == ["chat-1a2b3c4d", "chat-1a2b3c4d-retry-1"]
+
+
+def test_get_with_store_reads_the_leaderboard_from_the_ledgers_in_s3(
+    cluster: tuple[EmulatorThread, Api, Path], s3_store: S3Store, s3_bucket: str
+) -> None:
+    """get cj --store s3://...: the leaderboard from the CompileJob's ledger in S3 (moto), credentials from the environment."""
+    _, api, kubeconfig = cluster
+    plugin = Plugin(kubeconfig)
+    base, fast = "sha256:" + "0" * 64, "sha256:" + "9" * 64
+    cj = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob",
+          "metadata": {"name": "chat-1a2b3c4d", "namespace": NS},
+          "spec": {"deploymentRef": {"name": "chat"}, "budget": {"sandboxes": 1}}}  # fmt: skip
+    made = api.create(f"{GROUP}/namespaces/{NS}/compilejobs", cj)
+    api.patch(
+        f"{GROUP}/namespaces/{NS}/compilejobs/chat-1a2b3c4d/status",
+        {"status": {"phase": "Succeeded", "baseline": {"build": base, "value": 100.0, "speedup": 1.0},
+                    "best": {"build": fast, "value": 140.0, "speedup": 1.4}}},
+    )  # fmt: skip
+    paired = {"against": base, "ratio": 1.4, "lo": 1.3, "hi": 1.5, "pairs": 8}
+    s3_store.append_jsonl(
+        ledger_key(NS, "chat-1a2b3c4d", made["metadata"]["uid"], 0),
+        [
+            {"build": base, "status": "passed"},
+            {"build": fast, "status": "passed", "comparison": paired, "description": "static cache"},
+        ],
+    )
+    view = json.loads(
+        plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "-o", "json", "--store", f"s3://{s3_bucket}").stdout
+    )
+    assert view["leaderboardFrom"] == "ledger"
+    assert [(r["build"], r["speedup"], r["ci"], r["pairs"], r["role"]) for r in view["leaderboard"]] == [
+        (fast, 1.4, [1.3, 1.5], 8, "best")
+    ]
+    text = plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "--store", f"s3://{s3_bucket}").stdout
+    assert "1.40x  [1.30, 1.50] (8 pairs)" in text and "static cache" in text
+    bad = plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "--store", "ftp://x", ok=False)
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("kubectl polymorph: --store:")
+        and "Traceback" not in bad.stderr
+    )
