@@ -20,7 +20,8 @@ prometheus:
 $(RUN_STAMP): pyproject.toml .ci/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# The CPU wheel of torch 2.13.0 is on local disk; ask for it first so nothing pulls a CUDA build.
+	# torch first, pinned: PyPI has only its CUDA build (a few GB, it runs on the CPU); pip keeps the
+	# wheel in its cache (~/.cache/pip), so a second venv installs it without the download.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -c .ci/constraints.txt -e '.[engine,agent]'
 	touch $(RUN_STAMP)
