@@ -217,7 +217,7 @@ class Display:
         self.stream = stream or (sys.stderr if json_mode else sys.stdout)
         self.rich = not json_mode and self.stream.isatty()
         self.count = 0
-        self._ordinals: dict[tuple[str, str | None, str], int] = {}
+        self._ordinals: dict[tuple[str, str | None, str, bool], int] = {}
         self._live: Live | None = None
         self._progress: Bar | None = None
         self._task: TaskID | None = None
@@ -258,11 +258,12 @@ class Display:
     def on_record(self, record: ExperimentRecord, cached: bool, progress: Progress) -> None:
         # Number each ledger entry by the order it was first shown, not by the ledger's total, so
         # that records replayed from the ledger on resume count up too; a record shown again (an
-        # agent asking for a pairing it already ran) keeps its number.
+        # agent asking for a pairing it already ran, by the same protocol) keeps its number.
         key = (
             record.build,
             record.comparison.against if record.comparison is not None else None,
             record.workloadHash,
+            record.screen,
         )
         ordinal = self._ordinals.setdefault(key, len(self._ordinals) + 1)
         self.count = len(self._ordinals)
