@@ -61,9 +61,10 @@ def _verdicts(kind: str, objects: list[dict[str, Any]]) -> list[tuple[str, str, 
 
 
 def plugin(fleet: Fleet, *args: str) -> str:
-    """``kubectl polymorph ARGS`` through the real kubectl, which finds the plugin on PATH."""
+    """``kubectl polymorph ARGS`` through the real kubectl, which finds the plugin on PATH (with the
+    store's credentials, for ``--store``)."""
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "KUBECONFIG": str(fleet.kubeconfig), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
+    env = {**os.environ, **getattr(fleet, "aws", {}), "KUBECONFIG": str(fleet.kubeconfig), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     done = subprocess.run(
         [str(kubectl_binary()), "polymorph", *args], env=env, capture_output=True, text=True, timeout=60
     )
@@ -85,6 +86,20 @@ def report(observer: Observer) -> dict[str, Any]:
         "get": plugin(observer.fleet, "get", "md", observer.md, "-n", NS),
         "json": json.loads(plugin(observer.fleet, "get", "md", observer.md, "-n", NS, "-o", "json")),
         "list": plugin(observer.fleet, "list", "-n", NS),
+        "ledger": json.loads(
+            plugin(
+                observer.fleet,
+                "get",
+                "md",
+                observer.md,
+                "-n",
+                NS,
+                "-o",
+                "json",
+                "--store",
+                observer.fleet.store_uri,
+            )
+        ),
     }
 
 

@@ -208,3 +208,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     assert f"ModelDeployment inference/{MD}" in text and "RolledBack" in text and "Leaderboard" in text
     assert "threshold >= 0.9" in text and "Fail" in text and candidate[:19] in text
     assert MD in seen["list"] and "RolledBack" in seen["list"]
+    # With --store, the leaderboard comes from the CompileJob's ledgers in S3: paired experiments.
+    ledger = seen["ledger"]["lastCompileJob"]
+    assert ledger["leaderboardFrom"] == "ledger" and ledger["ledgerRecords"] >= 2, ledger
+    assert all(r["ci"][0] <= r["speedup"] <= r["ci"][1] and r["pairs"] >= 1 for r in ledger["leaderboard"])

@@ -138,40 +138,49 @@ def _leaderboard(cj: Mapping[str, Any]) -> list[JSON]:
     return out
 
 
-def ledger_leaderboard(store: Store, cj: Mapping[str, Any], top: int = 5) -> list[JSON]:
+def ledger_records(store: Store, cj: Mapping[str, Any]) -> list[tuple[int, JSON]]:
+    """Every experiment record in the CompileJob's ledgers, with its sandbox."""
+    meta, spec, status = cj.get("metadata", {}), cj.get("spec") or {}, cj.get("status") or {}
+    ns, name, uid = meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid", "")
+    sandboxes = max(int((spec.get("budget") or {}).get("sandboxes") or 2), len(status.get("sandboxes") or []))
+    out: list[tuple[int, JSON]] = []
+    for i in range(sandboxes):
+        try:
+            out += [(i, rec) for rec in store.read_jsonl(ledger_key(ns, name, uid, i))]
+        except KeyNotFound:
+            continue
+    return out
+
+
+def ledger_leaderboard(
+    store: Store, cj: Mapping[str, Any], top: int = 5, records: list[tuple[int, JSON]] | None = None
+) -> list[JSON]:
     """The campaign's best experiments from its ledgers in the store, as ``polymorph compile`` ranks them.
 
     Passed experiments paired against the baseline, by their paired ratio (inverted for a
     latency objective), with its confidence interval; one row per build, best first.
     """
-    meta, spec, status = cj.get("metadata", {}), cj.get("spec") or {}, cj.get("status") or {}
-    ns, name, uid = meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid", "")
+    spec, status = cj.get("spec") or {}, cj.get("status") or {}
     maximize = ((spec.get("objective") or {}).get("metric", "outputTokensPerSecond")) not in _LOWER_IS_BETTER
     base = (status.get("baseline") or {}).get("build")
     best = (status.get("best") or {}).get("build")
-    sandboxes = max(int((spec.get("budget") or {}).get("sandboxes") or 2), len(status.get("sandboxes") or []))
     rows: dict[str, JSON] = {}
-    for i in range(sandboxes):
-        try:
-            records = store.read_jsonl(ledger_key(ns, name, uid, i))
-        except KeyNotFound:
+    for i, rec in ledger_records(store, cj) if records is None else records:
+        paired = rec.get("comparison") or {}
+        if rec.get("status") != "passed" or not paired or paired.get("against") != base:
             continue
-        for rec in records:
-            paired = rec.get("comparison") or {}
-            if rec.get("status") != "passed" or not paired or paired.get("against") != base:
-                continue
-            ratio, lo, hi = float(paired["ratio"]), float(paired["lo"]), float(paired["hi"])
-            if not maximize:
-                ratio, lo, hi = 1.0 / ratio, 1.0 / hi, 1.0 / lo
-            build = str(rec.get("build"))
-            if build in rows and rows[build]["speedup"] >= ratio:
-                continue
-            rows[build] = {
-                "build": build, "speedup": round(ratio, 3), "ci": [round(lo, 3), round(hi, 3)],
-                "pairs": paired.get("pairs"), "value": ((rec.get("figures") or {}).get("outputTokensPerSecond")),
-                "sandbox": i, "role": "best" if build == best else "candidate",
-                "description": str(rec.get("description") or rec.get("name") or "")[:60],
-            }  # fmt: skip
+        ratio, lo, hi = float(paired["ratio"]), float(paired["lo"]), float(paired["hi"])
+        if not maximize:
+            ratio, lo, hi = 1.0 / ratio, 1.0 / hi, 1.0 / lo
+        build = str(rec.get("build"))
+        if build in rows and rows[build]["speedup"] >= ratio:
+            continue
+        rows[build] = {
+            "build": build, "speedup": round(ratio, 3), "ci": [round(lo, 3), round(hi, 3)],
+            "pairs": paired.get("pairs"), "value": ((rec.get("figures") or {}).get("outputTokensPerSecond")),
+            "sandbox": i, "role": "best" if build == best else "candidate",
+            "description": str(rec.get("description") or rec.get("name") or "")[:60],
+        }  # fmt: skip
     out = sorted(rows.values(), key=lambda r: -r["speedup"])[:top]
     for rank, row in enumerate(out, 1):
         row["rank"] = rank
@@ -530,10 +539,11 @@ class Session:
         if self.store is None or cj is None:
             return view
         try:
-            board = ledger_leaderboard(self.store, cj)
+            records = ledger_records(self.store, cj)
         except StoreError as exc:
             raise Refused(f"--store: {exc}") from None
-        return {**view, "leaderboard": board, "leaderboardFrom": "ledger"}
+        board = ledger_leaderboard(self.store, cj, records=records)
+        return {**view, "leaderboard": board, "leaderboardFrom": "ledger", "ledgerRecords": len(records)}
 
     def md(self, name: str) -> JSON:
         obj = self.kube.get(MODELDEPLOYMENTS, self.namespace, name)

@@ -308,7 +308,7 @@ def test_get_with_store_reads_the_leaderboard_from_the_ledgers_in_s3(
     view = json.loads(
         plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "-o", "json", "--store", f"s3://{s3_bucket}").stdout
     )
-    assert view["leaderboardFrom"] == "ledger"
+    assert view["leaderboardFrom"] == "ledger" and view["ledgerRecords"] == 2
     assert [(r["build"], r["speedup"], r["ci"], r["pairs"], r["role"]) for r in view["leaderboard"]] == [
         (fast, 1.4, [1.3, 1.5], 8, "best")
     ]
