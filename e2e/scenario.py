@@ -22,8 +22,8 @@ It knows nothing about how the cluster is provided (``harness.Fleet``).
 from __future__ import annotations
 
 import copy
-import re
 import json
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
