@@ -253,14 +253,14 @@ def test_budget_stops_the_campaign_and_resume_repeats_nothing(tmp_path: Path, ba
     # the baseline by the full protocol in the experiment it kept.
     assert out.stopReason in ("maxExperiments", "finished") and len(first.ran) == 4
     assert first.ran[-1][1] == read_build(base).defaults() and not first.screens[-1]
-    # Same campaign, bigger budget: the path it had walked comes from the ledger (the early final
-    # measurement is reused only if the longer search ends on the same configuration); nothing
-    # runs twice.
+    # Same campaign, bigger budget: it resumes (a finished campaign on the same budget would only
+    # report), what it asks again comes from the ledger (the baseline at least: near the end of a
+    # budget the search exploits, so a longer one may take another path), and nothing runs twice.
     second = LandscapeRunner()
     out2 = Campaign(settings(base, budget=Budget(maxExperiments=50, sandboxes=1)), store, second).run(
         SearchAgent()
     )
-    assert out2.fromLedger >= 2
+    assert out2.fromLedger >= 1 and out2.ranThisSession > 0
     keys = keys_of(first) + keys_of(second)
     assert len(keys) == len(set(keys))
     assert out2.result.best.knobs["batch"] == 8

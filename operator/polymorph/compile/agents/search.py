@@ -14,8 +14,8 @@ Plan (the agent only screens; the campaign's judgement settles the result):
    record observes ``f(build) - f(against)``, so comparisons with any comparator inform one
    model). Each step draws one model from the posterior and measures the configuration it
    ranks best among those not yet measured; an uncertain region is tried exactly as often as
-   it may hold the best. Every ``EXPLOIT_EVERY``-th pick, and the last few, take the
-   posterior mean's best instead: what the model believes best gets measured, so small effects
+   it may hold the best. Every ``EXPLOIT_EVERY``-th pick takes the posterior mean's best
+   instead: what the model believes best gets measured, so small effects
    learnt from many screens reach the leader. The first draws come from the prior alone, so the search starts
    from configurations spread over the whole space rather than from one-knob changes of the
    defaults (a default step is usually the slowest, and a change that pays only with
@@ -90,10 +90,9 @@ MIN_GAIN = 0.01
 STOP_PROBABILITY = 0.05
 """... where "likely" is this share of the posterior's draws."""
 STOP_DRAWS = 64
-EXPLOIT_EVERY = 4
-"""Every this many picks, the configuration the posterior mean ranks best (not a draw)."""
-EXPLOIT_LAST = 3
-"""... and so are the agent's last this many experiments."""
+EXPLOIT_EVERY = 3
+"""Every this many picks, the configuration the posterior mean ranks best (not a draw). A
+function of the picks alone, so a resumed campaign replays its path from the ledger."""
 PRIOR_MAIN = 0.7
 """Prior standard deviation of one knob value's effect on log throughput (about ×2)."""
 PRIOR_PAIR = 0.35
@@ -321,8 +320,8 @@ class SearchAgent:
                 break
             picks += 1
             # Mostly a posterior draw (explore where the best may be); every EXPLOIT_EVERY-th pick,
-            # and the last ones, the posterior mean's best (measure what the model believes best).
-            exploit = picks % EXPLOIT_EVERY == 0 or ctx.experiments_left() <= EXPLOIT_LAST
+            # the posterior mean's best (measure what the model believes best).
+            exploit = picks % EXPLOIT_EVERY == 0
             weights = model.mean if exploit else model.draw(rng, 1)[0]
             pick = mine[open_[int(np.argmax(candidates @ weights))]]
             screen(pick, f"{'exploit' if exploit else 'screen'}: {_diff(defaults, pick)}")
