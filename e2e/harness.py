@@ -18,8 +18,10 @@ store named by ``E2E_PROMETHEUS_URL`` and ``E2E_STORE``, and the traffic reaches
 ``kubectl port-forward``.
 
 ``slowed_build(store)`` puts a real, deliberately slower build in the store: the reference
-build whose entry runs every prefill and decode twice (on two caches) and returns the first
-result: the same function at about half the speed, with the same knob space.
+build whose entry runs every prefill and decode twice with its knobs and once more with the
+reference's defaults (on three caches) and returns the first result: the same function, with
+the same knob space, and slower than the reference whatever knobs a campaign picks for it, so
+a candidate tuned from it is slower than any stable build that beat the reference.
 """
 
 from __future__ import annotations
@@ -58,10 +60,12 @@ REFERENCE = REPO / "engine_image" / "polymorph_engine" / "builds" / "reference"
 AWS = {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e-secret", "AWS_REGION": "us-east-1"}
 
 
-_TWICE = '''"""Entry of the *slowed* build (an e2e fixture): every step runs twice, on two caches.
+_TWICE = '''"""Entry of the *slowed* build (an e2e fixture): every step runs twice with the build's
+knobs and once more with the reference's defaults, on three caches.
 
-The same function as its base (the first cache's result is returned), at about half the speed,
-with the same knobs: a real build that is slower, for the rollback path.
+The same function as its base (the first cache's result is returned), with the same knobs, and
+slower than the reference's defaults whatever the knobs: a real build that is slower by
+construction, for the rollback path.
 """
 
 from __future__ import annotations
@@ -74,15 +78,22 @@ from .hotpath import load as load_base
 class TwiceHotPath:
     def __init__(self, model: Any, knobs: dict[str, Any]) -> None:
         self.inner = load_base(model, knobs)
+        self.plain = load_base(model, {})
 
     def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
-        return (self.inner.new_cache(max_batch, max_seq_len), self.inner.new_cache(max_batch, max_seq_len))
+        return (
+            self.inner.new_cache(max_batch, max_seq_len),
+            self.inner.new_cache(max_batch, max_seq_len),
+            self.plain.new_cache(max_batch, max_seq_len),
+        )
 
     def prefill(self, cache: Any, slot: int, tokens: Any) -> Any:
+        self.plain.prefill(cache[2], slot, tokens)
         self.inner.prefill(cache[1], slot, tokens)
         return self.inner.prefill(cache[0], slot, tokens)
 
     def decode(self, cache: Any, slots: Any, tokens: Any) -> Any:
+        self.plain.decode(cache[2], slots, tokens)
         self.inner.decode(cache[1], slots, tokens)
         return self.inner.decode(cache[0], slots, tokens)
 
@@ -92,9 +103,11 @@ class TwiceHotPath:
     def free(self, cache: Any, slot: int) -> None:
         self.inner.free(cache[0], slot)
         self.inner.free(cache[1], slot)
+        self.plain.free(cache[2], slot)
 
     def close(self) -> None:
         self.inner.close()
+        self.plain.close()
 
 
 def load(model: Any, knobs: dict[str, Any]) -> TwiceHotPath:
@@ -110,7 +123,10 @@ def slowed_build(store: Store, workdir: Path) -> str:
     toml = re.sub(r'name = "reference"', 'name = "slowed"', toml, count=1)
     toml = re.sub(r'entry = "hotpath.py"', 'entry = "twice.py"', toml, count=1)
     toml = re.sub(
-        r'description = ".*"', 'description = "The reference, every step computed twice."', toml, count=1
+        r'description = ".*"',
+        'description = "The reference, every step computed twice, and once more at the defaults."',
+        toml,
+        count=1,
     )
     (build / "build.toml").write_text(toml)
     (build / "twice.py").write_text(_TWICE)
