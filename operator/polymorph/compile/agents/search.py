@@ -64,6 +64,7 @@ import numpy as np
 from polymorph.api import ExperimentRecord
 from polymorph.builds import knob_variant, read_build
 from polymorph.compile.agents.base import CampaignContext
+from polymorph.compile.ranking import Ranking
 from polymorph.store import build_id
 
 __all__ = [
@@ -356,17 +357,29 @@ class SearchAgent:
             rows.append((config, against, y, se))
         return rows
 
+    def _ranking(self, ctx: CampaignContext) -> Ranking:
+        """The agent's own records so far, ranked by all their pairings (``selection.rank``).
+
+        Not the campaign's ledger: on resume the ledger already holds what comes later, and a
+        comparator or leader chosen from it would change the path the agent replays."""
+        from polymorph.compile.selection import rank  # selection imports agents.base: not at import time
+
+        return rank([ctx.baseline, *self.tried.values()], self._base_id, ctx.objective)
+
     def _leader_config(self, ctx: CampaignContext) -> Config:
-        board = ctx.leaderboard(1)
-        return self._configs.get(board[0].build, self._defaults) if board else self._defaults
+        return self._configs.get(self._ranking(ctx).leader(), self._defaults)
 
     def _comparator(self, ctx: CampaignContext, current: ExperimentRecord) -> ExperimentRecord:
         """The fastest build when the evidence puts it ``SWITCH_GAIN`` above ``current`` (else ``current``)."""
-        board = ctx.leaderboard(1)
-        if not board or board[0].build == current.build or board[0].build not in self._configs:
+        ranking = self._ranking(ctx)
+        lead = ranking.leader()
+        if lead == current.build or lead not in self._configs:
             return current
-        versus = ctx.versus(board[0], current)
-        return board[0] if versus is not None and versus.lo >= SWITCH_GAIN else current
+        versus = ranking.versus(lead, current.build)
+        records = [r for r in self.tried.values() if r.build == lead and ctx.eligible(r)]
+        if versus is None or versus.lo < SWITCH_GAIN or not records:
+            return current
+        return records[-1]
 
     def _attempt(
         self, ctx: CampaignContext, config: Config, description: str, against: ExperimentRecord | None
