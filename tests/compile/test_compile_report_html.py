@@ -245,13 +245,15 @@ def test_polymorph_compile_prints_the_report_chromium_opens(tmp_path: Path) -> N
     result = report.with_name("result.json")
     assert result.exists(), "beside result.json"
     records = [json.loads(line) for line in report.with_name("ledger-0.jsonl").read_text().splitlines()]
-    assert len(records) == 3
+    # 3 experiments: the baseline, one screen, and the judgement's final pairing (kept for it,
+    # unused when the baseline leads).
+    assert len(records) in (2, 3)
     doc = json.loads(result.read_text())
     seen = chromium_probe(report.read_text(), tmp_path)
     scored = seen["points"]
     assert seen["svg"] and seen["width"] == 920 and scored == seen["rows"] >= 1, seen
     assert seen["bars"] == 3 * scored
-    assert doc["experiments"]["total"] == 3
+    assert doc["experiments"]["total"] == len(records)
     if os.environ.get("POLYMORPH_REPORT_PNG"):  # for a person to look at
         screenshot(report, Path(os.environ["POLYMORPH_REPORT_PNG"]))
 
