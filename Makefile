@@ -41,7 +41,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 unit: venv prometheus
-	$(BIN)/pytest -q tests e2e
+	$(BIN)/pytest -q --durations=25 tests e2e
 
 test: lint typecheck unit
 	$(BIN)/polymorph crds --check

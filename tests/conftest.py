@@ -24,6 +24,24 @@ import pytest
 
 from polymorph.store import LocalStore, S3Store, Store
 
+_ENVIRON_AT_START: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _ENVIRON_AT_START.update(os.environ)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Importing a test module must not change the environment: every later test and every
+    process it starts would inherit the change (a ``TRITON_INTERPRET=1`` left by one module once
+    made every CPU campaign run its Triton candidates through the interpreter, minutes each)."""
+    changed = sorted(
+        k for k in {*_ENVIRON_AT_START, *os.environ} if os.environ.get(k) != _ENVIRON_AT_START.get(k)
+    )
+    if changed:
+        raise pytest.UsageError(f"collecting the tests changed the environment: {', '.join(changed)}")
+
+
 S3_REGION = "us-east-1"
 S3_DUMMY_KEY = "polymorph-test"
 

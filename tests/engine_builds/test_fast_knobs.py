@@ -2,13 +2,14 @@
 defaults, and each Triton kernel against its pure-PyTorch twin, on fresh random inputs.
 
 Runs on CPU. The Triton kernels run through the triton interpreter (``TRITON_INTERPRET=1``, set
-here before any build imports triton) when the ``triton`` package is installed; without it the
-kernel tests skip and ``kernels = "triton"`` is checked to degrade to the torch twins.
+for this module's tests alone, before any of them loads a build) when the ``triton`` package is
+installed; without it the kernel tests skip and ``kernels = "triton"`` is checked to degrade to
+the torch twins. The variable is removed afterwards: every campaign a later test starts would
+inherit it and run its Triton candidates through the interpreter, minutes each.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,16 +18,19 @@ from typing import Any
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a build's kernels.py is imported
-
 from polymorph.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin
 
+INTERPRET = not torch.cuda.is_available()
+"""On CPU, triton's own library functions must be wrapped for the interpreter when triton is
+imported: set the variable for the import, and again for each test (``_triton_interpreter``)."""
 try:
-    import triton  # noqa: F401
+    with pytest.MonkeyPatch.context() as _env:
+        if INTERPRET:
+            _env.setenv("TRITON_INTERPRET", "1")
+        import triton  # noqa: F401
 
     HAVE_TRITON = True
 except ImportError:
@@ -37,22 +41,23 @@ needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not install
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _interpreter_numpy_shim() -> Any:
-    """triton 3.6's interpreter converts 1-element arrays with int(), which numpy >= 2.4 refuses."""
-    if not HAVE_TRITON or os.environ.get("TRITON_INTERPRET") != "1":
+def _triton_interpreter() -> Any:
+    """``TRITON_INTERPRET=1`` on CPU for this module (read when a build's kernels.py is imported),
+    and a shim: triton 3.6's interpreter converts 1-element arrays with int(), which numpy >= 2.4
+    refuses."""
+    if not HAVE_TRITON or not INTERPRET:
         yield
         return
-    import triton.runtime.interpreter as interp
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRITON_INTERPRET", "1")
+        import triton.runtime.interpreter as interp
 
-    original = interp._patch_lang_tensor
+        def patched(tensor: Any, scope: Any, original: Any = interp._patch_lang_tensor) -> None:
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    def patched(tensor: Any, scope: Any) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interp._patch_lang_tensor = patched
-    yield
-    interp._patch_lang_tensor = original
+        env.setattr(interp, "_patch_lang_tensor", patched)
+        yield
 
 
 def _prompt(n: int, vocab: int, seed: int) -> torch.Tensor:
