@@ -8,16 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from polymorph.api import AnalysisValue, RolloutStatus
-from polymorph.api.modeldeployment import RolloutPhase
-from polymorph.core.analysis import AnalysisRun, Verdict
+from polymorph.api import AnalysisValue, RolloutPhase, RolloutStatus, Verdict
+from polymorph.core.analysis import AnalysisRun
 from polymorph.core.rollout import (
     Emit,
     Observation,
-    Phase,
     Promote,
     Record,
-    RolloutState,
     Step,
     TrackObservation,
     actual_weight,
@@ -61,8 +58,8 @@ def reasons(actions: list[object]) -> list[str]:
 class World:
     """Deployments that do what they are told at once (the Deployment controller, idealised)."""
 
-    def __init__(self, state: RolloutState | None = None) -> None:
-        self.state = state or RolloutState()
+    def __init__(self, state: RolloutStatus | None = None) -> None:
+        self.state = state or RolloutStatus()
         self.stable = TrackObservation(OLD, 4, 4)
         self.canary: TrackObservation | None = None
         self.active = OLD
@@ -92,13 +89,13 @@ def test_canary_replicas(replicas: int, weight: int, expected: int) -> None:
 
 
 def test_idle_without_candidate_does_nothing() -> None:
-    state, actions = step(RolloutState(), obs(candidate=None))
+    state, actions = step(RolloutStatus(), obs(candidate=None))
     assert state.phase == "Idle" and actions == []
     assert desired(state, obs()).canary is None
 
 
 def test_auto_starts_at_step_one_with_capacity_kept() -> None:
-    state, actions = step(RolloutState(), obs())
+    state, actions = step(RolloutStatus(), obs())
     assert state.phase == "Progressing" and state.step == 0 and state.build == NEW and state.fromBuild == OLD
     assert reasons(actions) == ["CanaryStep"]
     assert "1 of 4 replicas on the canary, 3 stable" in actions[0].message  # type: ignore[attr-defined]
@@ -116,7 +113,7 @@ def test_auto_starts_at_step_one_with_capacity_kept() -> None:
 
 def test_replaying_the_same_observation_gives_no_new_action() -> None:
     o = obs()
-    s1, a1 = step(RolloutState(), o)
+    s1, a1 = step(RolloutStatus(), o)
     s2, a2 = step(s1, o)
     assert a1 and a2 == [] and s2 == s1
     o2 = obs(40, canary=TrackObservation(NEW, 1, 1), analysis=run("Pass", 40))
@@ -125,7 +122,7 @@ def test_replaying_the_same_observation_gives_no_new_action() -> None:
     assert a4 == [] and s4 == s3
 
 
-def replace_state(state: RolloutState, **kw: object) -> RolloutState:
+def replace_state(state: RolloutStatus, **kw: object) -> RolloutStatus:
     return state.model_copy(update=kw)
 
 
@@ -202,7 +199,7 @@ def test_failure_limit_then_rollback() -> None:
 
 
 def test_rollback_waits_for_stable_capacity() -> None:
-    state = RolloutState(
+    state = RolloutStatus(
         phase="RollingBack", build=NEW, fromBuild=OLD, target="RolledBack", canaryReplicas=1, reason="x"
     )
     low = obs(stable=TrackObservation(OLD, 4, 3), canary=TrackObservation(NEW, 1, 1))
@@ -255,7 +252,7 @@ def test_abort_annotation(phase_setup: str) -> None:
 
 
 def test_manual_waits_for_approval_naming_the_build() -> None:
-    state, actions = step(RolloutState(), obs(policy="Manual"))
+    state, actions = step(RolloutStatus(), obs(policy="Manual"))
     assert state.phase == "Idle" and reasons(actions) == ["WaitingForApproval"]
     assert f"polymorph.dev/approve={NEW}" in (state.message or "")
     again, actions = step(state, obs(1, policy="Manual"))
@@ -310,7 +307,7 @@ def test_candidate_change_aborts_the_running_rollout() -> None:
 
 
 def test_promoting_waits_for_the_stable_rollout() -> None:
-    state = RolloutState(phase="Promoting", build=NEW, fromBuild=OLD, canaryReplicas=2)
+    state = RolloutStatus(phase="Promoting", build=NEW, fromBuild=OLD, canaryReplicas=2)
     rolling = obs(stable=TrackObservation(NEW, 4, 2, updated=False), canary=TrackObservation(NEW, 2, 2))
     state2, actions = step(state, rolling)
     assert state2.phase == "Promoting" and actions == []
@@ -326,16 +323,22 @@ def test_no_step_advances_while_metrics_are_unavailable() -> None:
     assert reasons(w.tick(62)) == ["CanaryStep"] and w.state.step == 1
 
 
-def test_status_rollout_holds_the_whole_state() -> None:
-    """status.rollout is the one record a rollout resumes from: no field of the state may be missing."""
-    assert set(RolloutState.model_fields) <= set(RolloutStatus.model_fields)
-    assert set(typing.get_args(Phase)) <= set(typing.get_args(RolloutPhase))
+def test_the_state_is_status_rollout_and_its_schema_is_a_status_schema() -> None:
+    """The state machine steps status.rollout itself; its CRD schema keeps every field optional and nullable."""
+    schema = RolloutStatus.model_json_schema()
+    assert not schema.get("required")
+    for name, prop in schema["properties"].items():
+        assert prop.get("default") in (None, []), name
+        assert name == "analysis" or {"type": "null"} in prop.get("anyOf", []), name
+    phase = schema["properties"]["phase"]["anyOf"][0]["enum"]
+    assert phase == [*typing.get_args(RolloutPhase), "Promoted", "Failed"]
+    assert RolloutStatus.model_validate({"phase": None, "step": None, "failures": None}) == RolloutStatus()
 
 
-@pytest.mark.parametrize("phase", typing.get_args(Phase))
+@pytest.mark.parametrize("phase", typing.get_args(RolloutPhase))
 def test_status_round_trip_of_every_phase(phase: str) -> None:
     value = AnalysisValue(name="throughput", value=0.9, lo=0.85, hi=0.95, min=0.98, verdict="Fail")
-    state = RolloutState(
+    state = RolloutStatus(
         phase=phase, build=NEW, fromBuild=OLD, step=1, stepStartedAt=T0, lastAnalysisAt=T0 + timedelta(seconds=30),
         lastVerdict="Fail", failures=2, canaryReplicas=2, stableReplicas=2, startedAt=T0 - timedelta(minutes=5),
         finishedAt=T0 + timedelta(minutes=1), target="RolledBack", reason="slow", message="m",
@@ -350,7 +353,7 @@ def test_status_round_trip_of_every_phase(phase: str) -> None:
 
 
 def test_no_status_is_idle_and_retired_phases_read_as_their_successors() -> None:
-    assert from_status(None) == RolloutState() and from_status(RolloutStatus()) == RolloutState()
+    assert from_status(None) == RolloutStatus() and from_status(RolloutStatus()) == RolloutStatus()
     assert from_status(RolloutStatus(phase="Promoted", build=NEW)).phase == "Succeeded"
     assert from_status(RolloutStatus(phase="Failed", build=NEW)).phase == "Aborted"
     # A finished rollout read back does not start again for the same candidate.

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from polymorph.api import CompileJobRef, Figures, ModelDeploymentStatus, Objective
+from polymorph.api import CompileJobRef, Figures, ModelDeploymentStatus, Objective, RolloutStatus
 from polymorph.compile.documents import CampaignResult, Counts, ResultBest, Standing
 from polymorph.core import rollout
 from polymorph.core.analysis import AnalysisRun
@@ -63,7 +63,7 @@ class World:
         md, problem = mdh.parse(self.body)
         assert md is not None, problem
         self.md = md
-        self.state = rollout.RolloutState()
+        self.state = RolloutStatus()
         self.active = ACTIVE
         self.stable = rollout.TrackObservation(ACTIVE, 4, 4)
         self.canary: rollout.TrackObservation | None = None

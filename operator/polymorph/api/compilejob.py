@@ -38,7 +38,8 @@ _TRACE_URI = re.compile(TRACE_URI_PATTERN)
 _DNS_LABEL = re.compile(DNS_LABEL_PATTERN)
 
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+TERMINAL_PHASES: frozenset[JobPhase] = frozenset({"Succeeded", "Failed", "Cancelled"})
+"""Phases a CompileJob never leaves."""
 
 
 class DeploymentRef(StrictModel):

@@ -1,38 +1,34 @@
 """The ModelDeployment resource (``md``): what a model owner commits to git.
 
-Owns: the spec models (model, hardware, engine, build policy, recompile, rollout), the
-status models the operator writes, and the whole object (apiVersion, kind, metadata, spec,
-status). Field names, enums and defaults follow the user-facing contract in DESIGN.md.
-Every cross-field rule is a ``Rule`` beside its model: one declaration gives the pydantic
-check and the CRD's CEL rule, with one sentence for both. It knows nothing about how the operator acts on a deployment.
+Owns: the spec models (model, hardware, engine, build policy, recompile, rollout) and the whole
+object (apiVersion, kind, metadata, spec, status); the status models are in
+``polymorph.api.deployment_status``. Field names, enums and defaults are the user-facing
+contract. Every cross-field rule is a ``Rule`` beside its model: one declaration gives the
+pydantic check and the CRD's CEL rule, with one sentence for both. It knows nothing about how
+the operator acts on a deployment.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from datetime import datetime
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from polymorph.api.build import Figures
 from polymorph.api.common import (
     DNS_LABEL_PATTERN,
     AgentSpec,
     Budget,
     BuildId,
-    Condition,
     Duration,
     Gates,
     Objective,
     ObjectMeta,
     Quantity,
     ResourceModel,
-    StatusModel,
     StrictModel,
-    WorkloadProfile,
 )
+from polymorph.api.deployment_status import ModelDeploymentStatus
 from polymorph.api.rules import Rule, strictly_increasing
 
 Accelerator = Literal[
@@ -342,191 +338,6 @@ class ModelDeploymentSpec(StrictModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
 
-# ---------------------------------------------------------------------------------------------
-# Status: written only by the operator.
-
-DeploymentPhase = Literal["Pending", "Serving", "Compiling", "RollingOut", "Degraded"]
-RolloutPhase = Literal[
-    "Idle",
-    "Progressing",
-    "Paused",
-    "Promoting",
-    "Succeeded",
-    "RollingBack",
-    "RolledBack",
-    "Aborted",
-    "Promoted",
-    "Failed",
-]
-"""The rollout state machine's phases (``polymorph.core.rollout``): Idle -> Progressing -> Promoting ->
-Succeeded, or Paused, or RollingBack -> RolledBack | Aborted. ``Promoted`` and ``Failed`` are
-never written any more; a status that still holds them reads as Succeeded and Aborted."""
-Verdict = Literal["Pass", "Fail", "Inconclusive"]
-
-
-def _short_id(build: str) -> str:
-    """A content address cut to ``sha256:`` and 12 hex digits; any other id (``reference``) as it is."""
-    return build[:19] if build.startswith("sha256:") else build
-
-
-class BuildStatus(StatusModel):
-    """A build as served: id, where it is stored, what it was tuned for, and what it measured.
-
-    ``shortId`` and ``tokensPerSecond`` are for ``kubectl get`` only: they are derived from
-    ``id`` and ``figures`` whenever a BuildStatus is built or read, so they never disagree
-    with them (a printer column of type number prints a float in full, and a promoted build
-    has no ``name``, so the columns read these instead).
-    """
-
-    id: str | None = None
-    name: str | None = Field(default=None, description="The build's human name (from build.toml).")
-    shortId: str | None = Field(
-        default=None, description="The id shortened for display (sha256: and 12 hex digits); derived from id."
-    )
-    uri: str | None = None
-    profile: WorkloadProfile | None = Field(default=None, description="The traffic profile it was tuned for.")
-    figures: Figures | None = None
-    tokensPerSecond: int | None = Field(
-        default=None,
-        description="figures.outputTokensPerSecond rounded to a whole number for display; derived from figures.",
-    )
-    since: datetime | None = None
-
-    def model_post_init(self, context: object, /) -> None:
-        self.shortId = _short_id(self.id) if self.id is not None else None
-        self.tokensPerSecond = (
-            math.floor(self.figures.outputTokensPerSecond + 0.5) if self.figures is not None else None
-        )
-
-
-class TrafficStatus(StatusModel):
-    """The live traffic profile read from Prometheus."""
-
-    profile: WorkloadProfile | None = None
-    requests: int | None = Field(default=None, description="Requests seen in the window.")
-    window: str | None = None
-    observedAt: datetime | None = None
-
-
-class DriftStatus(StatusModel):
-    """How far live traffic is from the profile the active build was tuned for."""
-
-    score: float | None = Field(default=None, ge=0, le=1)
-    checkedAt: datetime | None = None
-    reasons: list[str] = Field(default_factory=list)
-
-
-class CompileJobRef(StatusModel):
-    """The last CompileJob this deployment opened."""
-
-    name: str | None = None
-    phase: str | None = None
-    reason: str | None = None
-    createdAt: datetime | None = None
-
-
-class AnalysisSamples(StatusModel):
-    """How many serving pods of each track a builtin ratio was computed from."""
-
-    canary: int = Field(ge=0)
-    stable: int = Field(ge=0)
-
-
-class AnalysisValue(StatusModel):
-    """One analysis measurement next to its threshold: the value, its confidence interval and the verdict."""
-
-    name: str
-    value: float | None = None
-    lo: float | None = Field(default=None, description="Lower end of the value's confidence interval.")
-    hi: float | None = Field(default=None, description="Upper end of the value's confidence interval.")
-    samples: AnalysisSamples | None = Field(
-        default=None, description="Pods per track behind a builtin ratio; absent for custom queries."
-    )
-    min: float | None = None
-    max: float | None = None
-    verdict: Verdict | None = None
-    measuredAt: datetime | None = None
-
-
-class RolloutStatus(StatusModel):
-    """Where the current (or last) rollout is: the one record the operator resumes a rollout from.
-
-    Every field of the state machine's state (``polymorph.core.rollout.RolloutState``) is here, so
-    after a restart the rollout continues from status alone, with step and pause timing taken
-    from the recorded timestamps; ``weight`` and ``actualWeight`` are views for people.
-    """
-
-    phase: RolloutPhase | None = None
-    build: str | None = Field(default=None, description="The candidate build being rolled out.")
-    fromBuild: str | None = Field(
-        default=None, description="The stable build when the rollout started (what a rollback returns to)."
-    )
-    step: int | None = Field(default=None, ge=0, description="Index into spec.rollout.steps.")
-    weight: int | None = Field(default=None, ge=0, le=100, description="Desired canary weight (percent).")
-    actualWeight: float | None = Field(
-        default=None, ge=0, le=100, description="Canary share of ready replicas."
-    )
-    canaryReplicas: int | None = None
-    stableReplicas: int | None = None
-    startedAt: datetime | None = Field(default=None, description="When the rollout started.")
-    stepStartedAt: datetime | None = Field(
-        default=None, description="When the current step settled (its canary replicas ready)."
-    )
-    lastAnalysisAt: datetime | None = Field(default=None, description="The current step's latest analysis.")
-    lastVerdict: Verdict | None = Field(default=None, description="The current step's latest verdict.")
-    failures: int | None = Field(default=None, ge=0, description="Consecutive failed analysis runs.")
-    finishedAt: datetime | None = None
-    target: Literal["RolledBack", "Aborted"] | None = Field(
-        default=None, description="Where a rollback (phase RollingBack) ends."
-    )
-    reason: str | None = Field(default=None, description="Why the rollout is rolling back, paused or ended.")
-    approvalAtPause: bool | None = Field(
-        default=None,
-        description="The approve annotation already named this build when it paused: resuming needs it re-applied.",
-    )
-    analysis: list[AnalysisValue] = Field(default_factory=list)
-    message: str | None = None
-
-
-class RolloutRecord(StatusModel):
-    """One finished rollout in the history."""
-
-    build: str
-    fromBuild: str | None = None
-    outcome: Literal["Promoted", "RolledBack", "Aborted"]
-    startedAt: datetime | None = None
-    finishedAt: datetime | None = None
-    reason: str | None = None
-
-
-class OperatorRecord(StatusModel):
-    """``status.polymorph``: what the operator keeps for itself."""
-
-    seq: int | None = Field(
-        default=None,
-        ge=0,
-        description="Number of the operator's last status write; a body with a lower one is stale.",
-    )
-
-
-class ModelDeploymentStatus(StatusModel):
-    """What the operator observed and did. It never writes spec."""
-
-    observedGeneration: int | None = None
-    phase: DeploymentPhase | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    activeBuild: BuildStatus | None = None
-    candidateBuild: BuildStatus | None = None
-    trafficProfile: TrafficStatus | None = None
-    drift: DriftStatus | None = None
-    lastCompileJob: CompileJobRef | None = None
-    rollout: RolloutStatus | None = None
-    history: list[RolloutRecord] = Field(default_factory=list)
-    polymorph: OperatorRecord | None = Field(
-        default=None, description="The operator's own bookkeeping (not for people)."
-    )
-
-
 _MD_NAME = re.compile(MD_NAME_PATTERN)
 
 
@@ -558,16 +369,10 @@ __all__ = [
     "DEFAULT_RESOURCE_NAMES",
     "Accelerator",
     "AnalysisMetric",
-    "AnalysisSamples",
     "AnalysisSpec",
-    "AnalysisValue",
     "BuildSpec",
-    "BuildStatus",
     "BuiltinMetric",
-    "CompileJobRef",
     "CompileTemplate",
-    "DeploymentPhase",
-    "DriftStatus",
     "Dtype",
     "EngineSpec",
     "EnvVar",
@@ -575,17 +380,10 @@ __all__ = [
     "HardwareSpec",
     "ModelDeployment",
     "ModelDeploymentSpec",
-    "ModelDeploymentStatus",
     "ModelSource",
-    "OperatorRecord",
     "ResourceRequirements",
-    "RolloutPhase",
-    "RolloutRecord",
     "RolloutSpec",
-    "RolloutStatus",
     "RolloutStep",
     "ThresholdRange",
     "Toleration",
-    "TrafficStatus",
-    "Verdict",
 ]

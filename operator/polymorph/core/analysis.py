@@ -29,16 +29,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 from polymorph.api import AnalysisSpec, AnalysisValue
-from polymorph.api.modeldeployment import AnalysisMetric, AnalysisSamples, ThresholdRange
+from polymorph.api.deployment_status import AnalysisSamples, Verdict
+from polymorph.api.modeldeployment import AnalysisMetric, ThresholdRange
 from polymorph.core.promql import TrackSamples
 from polymorph.stats import Estimate, ratio
 
-__all__ = ["AnalysisRun", "MetricResult", "Verdict", "builtin_estimate", "judge", "run_analysis"]
-
-Verdict = Literal["Pass", "Fail", "Inconclusive"]
+__all__ = ["AnalysisRun", "MetricResult", "builtin_estimate", "judge", "run_analysis"]
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ Rules:
   the step's pause and analysis interval count from it. Analysis is due every ``interval``
   after that. The step advances once its pause has passed and its latest analysis passed,
   and never while the metrics cannot be read (``metrics_ok`` false: Prometheus is down).
-- Everything the machine needs is in the state, which the operator keeps in ``status.rollout``
-  (``to_status`` writes it, ``from_status`` reads it back; the two round-trip exactly), and
+- The state is ``polymorph.api.RolloutStatus``, the record the operator keeps in
+  ``status.rollout`` (``to_status`` adds the weights shown to people, ``from_status`` reads
+  the state back; the two round-trip exactly), and
   times come from recorded timestamps; after a restart it continues where it was. Replaying
   an observation already applied gives no new action: events and effects happen only on
   transitions, and the desired replica counts are a function of state and observation.
@@ -31,20 +32,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from polymorph.api import AnalysisValue, RolloutStatus
-from polymorph.core.analysis import AnalysisRun, Verdict
+from polymorph.api import RolloutPhase, RolloutStatus
+from polymorph.core.analysis import AnalysisRun
 
 __all__ = [
     "TERMINAL",
     "Action",
     "Emit",
     "Observation",
-    "Phase",
     "Promote",
     "Record",
-    "RolloutState",
     "Step",
     "TrackObservation",
     "Tracks",
@@ -57,43 +54,8 @@ __all__ = [
     "to_status",
 ]
 
-Phase = Literal[
-    "Idle", "Progressing", "Paused", "Promoting", "Succeeded", "RollingBack", "RolledBack", "Aborted"
-]
-TERMINAL: frozenset[str] = frozenset({"Idle", "Succeeded", "RolledBack", "Aborted"})
-# Phases an earlier operator wrote to status.rollout, read as the phase that replaced them.
-_RETIRED: dict[str, Phase] = {"Promoted": "Succeeded", "Failed": "Aborted"}
-
-
-class RolloutState(BaseModel):
-    """Everything a rollout needs to continue after a restart (kept by the operator in status)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    phase: Phase = "Idle"
-    build: str | None = None
-    """The candidate build being rolled out."""
-    fromBuild: str | None = None
-    """The stable build when the rollout started (what a rollback returns to)."""
-    step: int = 0
-    stepStartedAt: datetime | None = None
-    """When the current step settled (its canary replicas ready); None until then."""
-    lastAnalysisAt: datetime | None = None
-    lastVerdict: Verdict | None = None
-    """The latest analysis verdict of the current step."""
-    failures: int = 0
-    """Consecutive failed analysis runs."""
-    canaryReplicas: int = 0
-    stableReplicas: int = 0
-    startedAt: datetime | None = None
-    finishedAt: datetime | None = None
-    target: Literal["RolledBack", "Aborted"] | None = None
-    """Where RollingBack ends."""
-    reason: str | None = None
-    message: str | None = None
-    approvalAtPause: bool = False
-    """The approve annotation already named this build when it paused: resuming needs it re-applied."""
-    analysis: list[AnalysisValue] = Field(default_factory=list)
+TERMINAL: frozenset[RolloutPhase] = frozenset({"Idle", "Succeeded", "RolledBack", "Aborted"})
+"""Phases in which no rollout is under way."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +160,7 @@ def _ready(track: TrackObservation | None, build: str | None) -> int:
     return track.ready
 
 
-def desired(state: RolloutState, obs: Observation) -> Tracks:
+def desired(state: RolloutStatus, obs: Observation) -> Tracks:
     """The Deployments this state wants, given what is ready now."""
     if state.phase in ("Progressing", "Paused") and state.build is not None:
         target = canary_replicas(obs.replicas, obs.steps[min(state.step, len(obs.steps) - 1)].weight)
@@ -211,7 +173,7 @@ def desired(state: RolloutState, obs: Observation) -> Tracks:
     return Tracks((obs.active, obs.replicas), None)
 
 
-def analysis_due(state: RolloutState, obs: Observation) -> bool:
+def analysis_due(state: RolloutStatus, obs: Observation) -> bool:
     """Whether this tick should run an analysis (the handler then queries and passes it in)."""
     if state.phase != "Progressing" or state.stepStartedAt is None:
         return False
@@ -219,13 +181,13 @@ def analysis_due(state: RolloutState, obs: Observation) -> bool:
     return obs.now >= since + timedelta(seconds=obs.interval_s)
 
 
-def _with_replicas(state: RolloutState, obs: Observation) -> RolloutState:
+def _with_replicas(state: RolloutStatus, obs: Observation) -> RolloutStatus:
     tracks = desired(state, obs)
     canary = tracks.canary[1] if tracks.canary is not None else 0
     return state.model_copy(update={"canaryReplicas": canary, "stableReplicas": tracks.stable[1]})
 
 
-def _step_event(state: RolloutState, obs: Observation) -> Emit:
+def _step_event(state: RolloutStatus, obs: Observation) -> Emit:
     weight = obs.steps[state.step].weight
     target = canary_replicas(obs.replicas, weight)
     return Emit(
@@ -235,7 +197,7 @@ def _step_event(state: RolloutState, obs: Observation) -> Emit:
     )
 
 
-def _start(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
+def _start(state: RolloutStatus, obs: Observation) -> tuple[RolloutStatus, list[Action]]:
     candidate = obs.candidate
     if candidate is None or candidate == obs.active:
         return state, []
@@ -246,7 +208,7 @@ def _start(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Ac
         if state.message == message:
             return state, []
         return state.model_copy(update={"message": message}), [Emit("WaitingForApproval", message)]
-    new = RolloutState(
+    new = RolloutStatus(
         phase="Progressing", build=candidate, fromBuild=obs.active, step=0, startedAt=obs.now,
         message=f"rolling out {candidate} (from {obs.active})",
     )  # fmt: skip
@@ -254,14 +216,14 @@ def _start(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Ac
 
 
 def _rollback(
-    state: RolloutState, obs: Observation, target: Literal["RolledBack", "Aborted"], why: str
-) -> RolloutState:
+    state: RolloutStatus, obs: Observation, target: Literal["RolledBack", "Aborted"], why: str
+) -> RolloutStatus:
     return state.model_copy(
         update={"phase": "RollingBack", "target": target, "reason": why, "message": f"rolling back: {why}"}
     )
 
 
-def _finish(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
+def _finish(state: RolloutStatus, obs: Observation) -> tuple[RolloutStatus, list[Action]]:
     """RollingBack ends once the stable track is back at full strength; Promoting once it runs the build."""
     stable = obs.stable
     full = stable is not None and stable.updated and stable.ready >= obs.replicas
@@ -295,7 +257,7 @@ def _finish(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[A
     ]
 
 
-def _analyse(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
+def _analyse(state: RolloutStatus, obs: Observation) -> tuple[RolloutStatus, list[Action]]:
     run = obs.analysis
     if run is None or not analysis_due(state, obs):
         return state, []
@@ -339,7 +301,7 @@ def _analyse(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[
     return _rollback(new, obs, "RolledBack", why), events
 
 
-def _advance(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
+def _advance(state: RolloutStatus, obs: Observation) -> tuple[RolloutStatus, list[Action]]:
     if state.stepStartedAt is None or state.lastVerdict != "Pass" or not obs.metrics_ok:
         return state, []
     pause = obs.steps[state.step].pause_s
@@ -359,7 +321,7 @@ def _advance(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[
     return new, [Emit("Promoting", f"{state.build} passed all {len(obs.steps)} steps; promoting")]
 
 
-def _progress(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
+def _progress(state: RolloutStatus, obs: Observation) -> tuple[RolloutStatus, list[Action]]:
     if state.step >= len(obs.steps):  # the steps were shortened mid-rollout
         state = state.model_copy(update={"step": len(obs.steps) - 1})
     target = canary_replicas(obs.replicas, obs.steps[state.step].weight)
@@ -374,7 +336,7 @@ def _progress(state: RolloutState, obs: Observation) -> tuple[RolloutState, list
     return state, [*events, *more]
 
 
-def step(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Action]]:
+def step(state: RolloutStatus, obs: Observation) -> tuple[RolloutStatus, list[Action]]:
     """The next state and the actions to take, from the current state and this tick's observation."""
     actions: list[Action] = []
     if state.phase in ("Progressing", "Paused") and obs.abort:
@@ -408,25 +370,22 @@ def step(state: RolloutState, obs: Observation) -> tuple[RolloutState, list[Acti
     return _with_replicas(state, obs), actions
 
 
-def to_status(state: RolloutState, obs: Observation | None) -> RolloutStatus:
+def to_status(state: RolloutStatus, obs: Observation | None) -> RolloutStatus:
     """``status.rollout``: the whole state, plus the desired and actual canary weight for people."""
     weight = None
     if obs is not None and state.phase not in TERMINAL and obs.steps:
         weight = obs.steps[min(state.step, len(obs.steps) - 1)].weight
-    return RolloutStatus.model_validate(
-        {
-            **state.model_dump(),
-            "weight": weight,
-            "actualWeight": actual_weight(obs) if obs is not None else None,
-        }
+    return state.model_copy(
+        update={"weight": weight, "actualWeight": actual_weight(obs) if obs is not None else None}
     )
 
 
-def from_status(status: RolloutStatus | None) -> RolloutState:
-    """The state recorded in ``status.rollout`` (Idle when there is none), to continue from."""
+def from_status(status: RolloutStatus | None) -> RolloutStatus:
+    """The state recorded in ``status.rollout`` (Idle when there is none), to continue from.
+
+    The weights are views written beside the state, not part of it: they are dropped, so a
+    state read back equals the state written.
+    """
     if status is None:
-        return RolloutState()
-    doc = status.model_dump(exclude_none=True, exclude={"weight", "actualWeight"})
-    if "phase" in doc:
-        doc["phase"] = _RETIRED.get(doc["phase"], doc["phase"])
-    return RolloutState.model_validate(doc)
+        return RolloutStatus()
+    return status.model_copy(update={"weight": None, "actualWeight": None})

@@ -18,10 +18,9 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from polymorph.api import ModelDeploymentSpec, parse_duration
-from polymorph.api.compilejob import JobPhase
+from polymorph.api import TERMINAL_PHASES, JobPhase, ModelDeploymentSpec, RolloutPhase, parse_duration
 from polymorph.core.resources import LABEL_MODEL_DEPLOYMENT, canary_name
-from polymorph.core.rollout import TERMINAL, Phase
+from polymorph.core.rollout import TERMINAL
 from polymorph.handlers.observability import OperatorMetrics, drop
 
 __all__ = [
@@ -33,8 +32,8 @@ __all__ = [
     "observe_modeldeployment",
 ]
 
-PHASES: tuple[str, ...] = get_args(Phase)
-JOB_TERMINAL: tuple[str, ...] = ("Succeeded", "Failed", "Cancelled")
+PHASES: tuple[str, ...] = get_args(RolloutPhase)
+JOB_TERMINAL: tuple[str, ...] = tuple(p for p in get_args(JobPhase) if p in TERMINAL_PHASES)
 OUTCOMES: tuple[str, ...] = ("total", "passed", "rejected", "failed", "crashed", "timeout")
 
 

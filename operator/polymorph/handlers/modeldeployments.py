@@ -34,6 +34,7 @@ from polymorph.api import (
     ModelDeployment,
     ModelDeploymentStatus,
     RolloutRecord,
+    RolloutStatus,
     parse_duration,
 )
 from polymorph.clients.kube import DEPLOYMENTS, SERVICES, KubeError, apply, contains
@@ -176,7 +177,7 @@ async def _children(md: ModelDeployment, ctx: Context, tracks: rollout.Tracks, d
 def _conditions(
     md: ModelDeployment,
     status: ModelDeploymentStatus,
-    state: rollout.RolloutState,
+    state: RolloutStatus,
     obs: rollout.Observation,
     ctx: Context,
     now: datetime,
@@ -250,7 +251,7 @@ def _conditions(
     status.phase = deployment_phase(c)
 
 
-def _step_text(state: rollout.RolloutState, obs: rollout.Observation) -> str | None:
+def _step_text(state: RolloutStatus, obs: rollout.Observation) -> str | None:
     if state.phase != "Progressing" or not obs.steps:
         return None
     i = min(state.step, len(obs.steps) - 1)

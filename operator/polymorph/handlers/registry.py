@@ -18,15 +18,14 @@ from typing import Any, get_args
 
 import kopf
 
+from polymorph.api import TERMINAL_PHASES, RolloutPhase
 from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY
-from polymorph.core.rollout import Phase
 from polymorph.handlers import compilejobs, fleet, gauges, modeldeployments
 from polymorph.handlers.context import Context
 
 __all__ = ["GROUP", "build_registry", "kopf_settings"]
 
 GROUP, VERSION = "polymorph.dev", "v1alpha1"
-_TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 
 def kopf_settings(ctx: Context) -> kopf.OperatorSettings:
@@ -146,7 +145,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         gauges.observe_compilejob(memo.metrics, body, patch.status)
 
     def _active(status: kopf.Status, **_: Any) -> bool:
-        return status.get("phase") not in _TERMINAL
+        return status.get("phase") not in TERMINAL_PHASES
 
     @kopf.timer(
         *cj,
@@ -216,7 +215,7 @@ def _count_phases(ctx: Context, index_ref: list[Any]) -> None:
         for body in index.get(key, ()):
             phase = _rollout_phase(body)
             counts[phase] = counts.get(phase, 0) + 1
-    for phase in get_args(Phase):
+    for phase in get_args(RolloutPhase):
         ctx.metrics.rollouts.labels(phase).set(counts.get(phase, 0))
 
 
