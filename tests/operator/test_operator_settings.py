@@ -11,7 +11,7 @@ from operator_harness import REPO
 
 from polymorph.errors import UsageError
 from polymorph.handlers.registry import kopf_settings
-from polymorph.handlers.settings import OperatorConfig, configure, from_args
+from polymorph.handlers.settings import DRIFT_INTERVAL, SETTINGS, OperatorConfig, configure, from_args
 from polymorph.inputs import Parser
 
 BASE = ["--namespace", "a", "--prometheus-url", "http://prom:9090", "--store", "s3://bucket/store"]
@@ -128,6 +128,37 @@ def test_bad_values_are_one_sentence(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as err:
         parse(argv)
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"POLYMORPH_ROLLOUT_INTERVAL": "30"},
+            "POLYMORPH_ROLLOUT_INTERVAL: '30' is not a duration (add a unit: 30s)",
+        ),
+        ({"POLYMORPH_DRIFT_INTERVAL": "1.5"}, "POLYMORPH_DRIFT_INTERVAL: '1.5' is not a duration"),
+        ({"POLYMORPH_METRICS_PORT": "http"}, "POLYMORPH_METRICS_PORT must be a port number from 1 to 65535"),
+        ({"POLYMORPH_STANDALONE": "maybe"}, "POLYMORPH_STANDALONE must be true or false"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse(BASE, env)
+    assert str(err.value).startswith(message)
+
+
+def test_each_default_is_declared_once() -> None:
+    """The help text, the fallback and OperatorConfig's defaults all come from the one Setting."""
+    for setting in SETTINGS:
+        assert setting.env in setting.help_text()
+        if setting.default and not setting.shown:
+            assert f"default {setting.default};" in setting.help_text()
+    config = parse(BASE)
+    assert (config.drift_interval_s, config.rollout_interval_s, config.metrics_port) == (60, 30, 9090)
+    assert (config.health_port, config.peering, config.log_level) == (8080, "polymorph", "info")
+    fields = OperatorConfig.__dataclass_fields__
+    assert fields["drift_interval_s"].default == DRIFT_INTERVAL.default_value() == 60
 
 
 def test_the_process_reports_bad_flags_without_a_traceback() -> None:

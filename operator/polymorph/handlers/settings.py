@@ -2,7 +2,10 @@
 
 Owns: the flag set (the Helm chart passes the same names), reading the environment when a
 flag is absent, and checking every value into ``OperatorConfig``, with one sentence naming
-the flag when a value is wrong. It knows nothing about kopf or the handlers.
+the flag (or the environment variable the value came from) when a value is wrong. Each
+setting is one ``Setting``: its flag, environment variable, default and help text come from
+that one declaration, and ``OperatorConfig``'s defaults are its defaults. It knows nothing
+about kopf or the handlers.
 """
 
 from __future__ import annotations
@@ -11,128 +14,38 @@ import argparse
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from polymorph.api import parse_duration
 from polymorph.core.resources import ClusterSettings
 from polymorph.errors import UsageError
 from polymorph.inputs import check_http_url, shown
 
-__all__ = ["OperatorConfig", "configure", "from_args", "parse_interval", "random_priority"]
+__all__ = [
+    "SETTINGS",
+    "OperatorConfig",
+    "Setting",
+    "configure",
+    "from_args",
+    "parse_interval",
+    "random_priority",
+]
 
 PRIORITY_MAX = 2**31 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-@dataclass(frozen=True)
-class OperatorConfig:
-    """Everything ``polymorph operator`` was started with."""
-
-    namespaces: tuple[str, ...]
-    """Namespaces watched; empty with ``all_namespaces``."""
-    all_namespaces: bool
-    prometheus_url: str
-    """Where traffic profiles and analysis metrics are read."""
-    store: str
-    """The artifact store (``s3://bucket/prefix`` or a path every pod shares)."""
-    drift_interval_s: float = 60.0
-    """Seconds between fleet drift cycles."""
-    rollout_interval_s: float = 30.0
-    """Seconds between rollout (and CompileJob progress) ticks of each object."""
-    metrics_port: int = 9090
-    health_port: int = 8080
-    standalone: bool = False
-    """No kopf peering (one replica); otherwise replicas share the peering object below."""
-    peering: str = "polymorph"
-    peering_priority: int = 0
-    """This replica's kopf peering priority. kopf pauses every replica that sees a live peer of
-    higher *or equal* priority, so replicas must differ: the default is random per process."""
-    log_level: str = "info"
-    cluster: ClusterSettings = field(default_factory=lambda: ClusterSettings(store=""))
-    """What shapes every child: store, its Secret, images, the default Anthropic Secret."""
+T = TypeVar("T", covariant=True)
 
 
 def parse_interval(value: str, flag: str) -> float:
     """Seconds in ``value``: the one duration syntax of every command and manifest
-    (``polymorph.api.parse_duration``: ``500ms``, ``30s``, ``1m``, ``6h``, ``1d``)."""
+    (``polymorph.api.parse_duration``: ``500ms``, ``30s``, ``1m``, ``6h``, ``1d``; bare seconds
+    such as ``30`` are refused with the unit they need)."""
     try:
         return parse_duration(value.strip())
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
-
-
-def _env(name: str) -> str:
-    return "POLYMORPH_" + name.upper().replace("-", "_")
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the operator's flags. Defaults come from the environment, shown as POLYMORPH_<FLAG>."""
-    add = parser.add_argument
-    add(
-        "--namespace",
-        action="append",
-        default=None,
-        metavar="NS",
-        help="watch NS (repeatable; $POLYMORPH_NAMESPACE, comma-separated); this or --all-namespaces is required",
-    )
-    add(
-        "--all-namespaces",
-        action="store_true",
-        default=None,
-        help="watch every namespace (default off; $POLYMORPH_ALL_NAMESPACES)",
-    )
-    add(
-        "--prometheus-url",
-        help="Prometheus base URL, http(s)://; checked at start-up (required; $POLYMORPH_PROMETHEUS_URL)",
-    )
-    add(
-        "--store",
-        help="artifact store: s3://bucket/prefix or an absolute path every pod shares; checked writable at "
-        "start-up (required; $POLYMORPH_STORE)",
-    )
-    add(
-        "--store-secret",
-        help="Secret with the store's AWS_* credentials, passed to pods (default none; $POLYMORPH_STORE_SECRET)",
-    )
-    add(
-        "--anthropic-secret-name",
-        help="default Secret with the Anthropic key (default none; $POLYMORPH_ANTHROPIC_SECRET_NAME)",
-    )
-    add("--anthropic-secret-key", help="its key (default api-key; $POLYMORPH_ANTHROPIC_SECRET_KEY)")
-    add(
-        "--sandbox-image",
-        help=f"image of the sandbox containers (default {ClusterSettings.sandbox_image}; $POLYMORPH_SANDBOX_IMAGE)",
-    )
-    add(
-        "--fetch-image",
-        help=f"image of the s3:// weights init container (default {ClusterSettings.fetch_image}; "
-        "$POLYMORPH_FETCH_IMAGE)",
-    )
-    add(
-        "--drift-interval",
-        help="time between fleet drift cycles, a duration such as 1m (default 1m; $POLYMORPH_DRIFT_INTERVAL)",
-    )
-    add(
-        "--rollout-interval",
-        help="time between rollout ticks, a duration such as 30s or 500ms (default 30s; "
-        "$POLYMORPH_ROLLOUT_INTERVAL)",
-    )
-    add("--metrics-port", help="port of the operator's /metrics (default 9090; $POLYMORPH_METRICS_PORT)")
-    add("--health-port", help="port of GET /healthz (default 8080; $POLYMORPH_HEALTH_PORT)")
-    add(
-        "--standalone",
-        action="store_true",
-        default=None,
-        help="no kopf peering: a single replica (default off; $POLYMORPH_STANDALONE)",
-    )
-    add("--peering", help="kopf peering object shared by replicas (default polymorph; $POLYMORPH_PEERING)")
-    add(
-        "--peering-priority",
-        help="this replica's peering priority, 0..2147483647; the highest live one acts "
-        "(default random per process; $POLYMORPH_PEERING_PRIORITY)",
-    )
-    add("--log-level", help="debug, info, warning or error (default info; $POLYMORPH_LOG_LEVEL)")
 
 
 def _port(value: str, flag: str) -> int:
@@ -146,42 +59,202 @@ def random_priority() -> int:
     return secrets.randbelow(PRIORITY_MAX) + 1
 
 
-def _priority(value: str | None) -> int:
-    if value is None or not value.strip():
-        return random_priority()
+def _priority(value: str, flag: str) -> int:
     text = value.strip()
+    if not text:
+        return random_priority()
     if len(text) > 10 or not text.isdigit() or int(text) > PRIORITY_MAX:
-        raise UsageError(
-            f"--peering-priority must be a whole number from 0 to {PRIORITY_MAX}; got {shown(value)}"
-        )
+        raise UsageError(f"{flag} must be a whole number from 0 to {PRIORITY_MAX}; got {shown(value)}")
     return int(text)
 
 
-def _flag_bool(value: bool | None, env: Mapping[str, str], name: str) -> bool:
-    if value is not None:
-        return value
-    text = env.get(_env(name), "").strip().lower()
+def _log_level(value: str, flag: str) -> str:
+    level = value.lower()
+    if level not in LOG_LEVELS:
+        raise UsageError(f"{flag} must be one of {', '.join(LOG_LEVELS)}; got {shown(level)}")
+    return level
+
+
+def _text(value: str, flag: str) -> str:
+    return value
+
+
+def _switch(value: str, flag: str) -> bool:
+    text = value.strip().lower()
     if text in ("", "0", "false", "no"):
         return False
     if text in ("1", "true", "yes"):
         return True
-    raise UsageError(f"{_env(name)} must be true or false; got {text!r}")
+    raise UsageError(f"{flag} must be true or false; got {text!r}")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One setting of ``polymorph operator``: a flag, its ``POLYMORPH_<FLAG>`` fallback and its default.
+
+    ``help`` says what the setting is; the help text adds the default (or "required") and the
+    environment variable. A ``{env}`` in ``help`` places the variable itself, with no suffix.
+    """
+
+    flag: str
+    help: str
+    parse: Callable[[str, str], T]
+    """Checks the text (from the flag, the environment or ``default``) into a value; its second
+    argument names where the text came from, for the one sentence of a bad value."""
+    default: str | None = None
+    """The default as it would be written on the command line; None: none (or required)."""
+    shown: str | None = None
+    """How the help text shows a default that is not a value (``off``, ``random per process``)."""
+    required: bool = False
+    switch: bool = False
+    """A flag without a value (``--standalone``); its variable says true or false."""
+
+    @property
+    def env(self) -> str:
+        return "POLYMORPH_" + self.flag.removeprefix("--").upper().replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def help_text(self) -> str:
+        if "{env}" in self.help:
+            return self.help.format(env=f"${self.env}")
+        default = "required" if self.required else f"default {self.shown or self.default or 'none'}"
+        return f"{self.help} ({default}; ${self.env})"
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.switch:
+            parser.add_argument(self.flag, action="store_true", default=None, help=self.help_text())
+        else:
+            parser.add_argument(self.flag, help=self.help_text())
+
+    def default_value(self) -> T:
+        """``default`` checked, as ``OperatorConfig`` holds it."""
+        return self.parse(self.default or "", self.flag)
+
+    def read(self, args: argparse.Namespace, env: Mapping[str, str]) -> T | None:
+        """The flag's value, else the environment's (a bad one names the variable), else the default;
+        None when there is none of the three. An empty variable is an absent one."""
+        value = getattr(args, self.dest, None)
+        if self.switch and value is not None:
+            return self.parse("true" if value else "false", self.flag)
+        if value is not None:
+            return self.parse(value, self.flag)
+        if env.get(self.env):
+            return self.parse(env[self.env], self.env)
+        return None if self.default is None else self.default_value()
+
+    def value(self, args: argparse.Namespace, env: Mapping[str, str]) -> T:
+        """``read`` for a setting with a default, which it falls back to."""
+        found = self.read(args, env)
+        return self.default_value() if found is None else found
+
+
+NAMESPACE = Setting(
+    "--namespace",
+    "watch NS (repeatable; {env}, comma-separated); this or --all-namespaces is required",
+    _text,
+)
+ALL_NAMESPACES = Setting("--all-namespaces", "watch every namespace", _switch, "false", "off", switch=True)
+PROMETHEUS_URL = Setting(
+    "--prometheus-url", "Prometheus base URL, http(s)://; checked at start-up", _text, required=True
+)
+STORE = Setting(
+    "--store",
+    "artifact store: s3://bucket/prefix or an absolute path every pod shares; checked writable at start-up",
+    _text,
+    required=True,
+)
+STORE_SECRET = Setting("--store-secret", "Secret with the store's AWS_* credentials, passed to pods", _text)
+ANTHROPIC_SECRET_NAME = Setting("--anthropic-secret-name", "default Secret with the Anthropic key", _text)
+ANTHROPIC_SECRET_KEY = Setting("--anthropic-secret-key", "its key", _text, "api-key")
+SANDBOX_IMAGE = Setting(
+    "--sandbox-image", "image of the sandbox containers", _text, ClusterSettings.sandbox_image
+)
+FETCH_IMAGE = Setting(
+    "--fetch-image", "image of the s3:// weights init container", _text, ClusterSettings.fetch_image
+)
+DRIFT_INTERVAL = Setting(
+    "--drift-interval", "time between fleet drift cycles, a duration such as 1m", parse_interval, "1m"
+)
+ROLLOUT_INTERVAL = Setting(
+    "--rollout-interval", "time between rollout ticks, a duration such as 30s or 500ms", parse_interval, "30s"
+)
+METRICS_PORT = Setting("--metrics-port", "port of the operator's /metrics", _port, "9090")
+HEALTH_PORT = Setting("--health-port", "port of GET /healthz", _port, "8080")
+STANDALONE = Setting(
+    "--standalone", "no kopf peering: a single replica", _switch, "false", "off", switch=True
+)
+PEERING = Setting("--peering", "kopf peering object shared by replicas", _text, "polymorph")
+PEERING_PRIORITY = Setting(
+    "--peering-priority",
+    f"this replica's peering priority, 0..{PRIORITY_MAX}; the highest live one acts",
+    _priority,
+    "",
+    "random per process",
+)
+LOG_LEVEL = Setting("--log-level", "debug, info, warning or error", _log_level, "info")
+
+SETTINGS: tuple[Setting[object], ...] = (
+    NAMESPACE, ALL_NAMESPACES, PROMETHEUS_URL, STORE, STORE_SECRET, ANTHROPIC_SECRET_NAME,
+    ANTHROPIC_SECRET_KEY, SANDBOX_IMAGE, FETCH_IMAGE, DRIFT_INTERVAL, ROLLOUT_INTERVAL, METRICS_PORT,
+    HEALTH_PORT, STANDALONE, PEERING, PEERING_PRIORITY, LOG_LEVEL,
+)  # fmt: skip
+"""Every setting, in the order of ``polymorph operator --help``."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything ``polymorph operator`` was started with."""
+
+    namespaces: tuple[str, ...]
+    """Namespaces watched; empty with ``all_namespaces``."""
+    all_namespaces: bool
+    prometheus_url: str
+    """Where traffic profiles and analysis metrics are read."""
+    store: str
+    """The artifact store (``s3://bucket/prefix`` or a path every pod shares)."""
+    drift_interval_s: float = DRIFT_INTERVAL.default_value()
+    """Seconds between fleet drift cycles."""
+    rollout_interval_s: float = ROLLOUT_INTERVAL.default_value()
+    """Seconds between rollout (and CompileJob progress) ticks of each object."""
+    metrics_port: int = METRICS_PORT.default_value()
+    health_port: int = HEALTH_PORT.default_value()
+    standalone: bool = STANDALONE.default_value()
+    """No kopf peering (one replica); otherwise replicas share the peering object below."""
+    peering: str = PEERING.default_value()
+    peering_priority: int = 0
+    """This replica's kopf peering priority. kopf pauses every replica that sees a live peer of
+    higher *or equal* priority, so replicas must differ: the default is random per process."""
+    log_level: str = LOG_LEVEL.default_value()
+    cluster: ClusterSettings = field(default_factory=lambda: ClusterSettings(store=""))
+    """What shapes every child: store, its Secret, images, the default Anthropic Secret."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the operator's flags. Defaults come from the environment, shown as POLYMORPH_<FLAG>."""
+    parser.add_argument(
+        NAMESPACE.flag, action="append", default=None, metavar="NS", help=NAMESPACE.help_text()
+    )
+    for setting in SETTINGS[1:]:
+        setting.add_to(parser)
+
+
+def _required(setting: Setting[str], args: argparse.Namespace, env: Mapping[str, str], message: str) -> str:
+    value = setting.read(args, env)
+    if not value:
+        raise UsageError(message)
+    return value
 
 
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> OperatorConfig:
-    """Check the flags (falling back to the environment) into an ``OperatorConfig``."""
+    """Check the flags (falling back to the environment, then the defaults) into an ``OperatorConfig``."""
     env = os.environ if env is None else env
-
-    def get(name: str, default: str | None = None) -> str | None:
-        value = getattr(args, name.replace("-", "_"), None)
-        if value is None:
-            value = env.get(_env(name)) or default
-        return value
-
     namespaces = tuple(
-        args.namespace or [n.strip() for n in env.get("POLYMORPH_NAMESPACE", "").split(",") if n.strip()]
+        args.namespace or [n.strip() for n in env.get(NAMESPACE.env, "").split(",") if n.strip()]
     )
-    all_namespaces = _flag_bool(args.all_namespaces, env, "all-namespaces")
+    all_namespaces = ALL_NAMESPACES.value(args, env)
     if namespaces and all_namespaces:
         raise UsageError("give --namespace NS (repeatable) or --all-namespaces, not both")
     if not namespaces and not all_namespaces:
@@ -191,50 +264,48 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
             raise UsageError(
                 f"--namespace {shown(ns)} is not a namespace name (at most 63 lowercase letters, digits and '-')"
             )
-    prometheus = get("prometheus-url")
-    if not prometheus:
-        raise UsageError(
-            "--prometheus-url (or POLYMORPH_PROMETHEUS_URL) is required: the http(s):// URL of Prometheus"
-        )
+    prometheus = _required(
+        PROMETHEUS_URL,
+        args,
+        env,
+        f"{PROMETHEUS_URL.flag} (or {PROMETHEUS_URL.env}) is required: the http(s):// URL of Prometheus",
+    )
     try:
         check_http_url(prometheus)
     except ValueError as exc:
         raise UsageError(f"--prometheus-url {exc}") from None
-    store = get("store")
-    if not store:
-        raise UsageError(
-            "--store is required: the artifact store, s3://bucket/prefix or a path every pod shares"
-        )
+    store = _required(
+        STORE,
+        args,
+        env,
+        "--store is required: the artifact store, s3://bucket/prefix or a path every pod shares",
+    )
     if "://" not in store and not store.startswith("/"):
         raise UsageError(
             f"--store {shown(store)} is a relative path; pods do not share the operator's working "
             "directory: give s3://bucket/prefix or an absolute path every pod mounts"
         )
-    level = (get("log-level", "info") or "info").lower()
-    if level not in LOG_LEVELS:
-        raise UsageError(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {shown(level)}")
-    secret_name = get("anthropic-secret-name")
+    level = LOG_LEVEL.value(args, env)
+    secret_name = ANTHROPIC_SECRET_NAME.read(args, env)
     cluster = ClusterSettings(
         store=store,
-        store_secret=get("store-secret"),
-        sandbox_image=get("sandbox-image", ClusterSettings.sandbox_image) or ClusterSettings.sandbox_image,
-        fetch_image=get("fetch-image", ClusterSettings.fetch_image) or ClusterSettings.fetch_image,
-        anthropic_secret=(secret_name, get("anthropic-secret-key", "api-key") or "api-key")
-        if secret_name
-        else None,
+        store_secret=STORE_SECRET.read(args, env),
+        sandbox_image=SANDBOX_IMAGE.value(args, env),
+        fetch_image=FETCH_IMAGE.value(args, env),
+        anthropic_secret=(secret_name, ANTHROPIC_SECRET_KEY.value(args, env)) if secret_name else None,
     )
     return OperatorConfig(
         namespaces=namespaces,
         all_namespaces=all_namespaces,
         prometheus_url=prometheus,
         store=store,
-        drift_interval_s=parse_interval(get("drift-interval", "1m") or "", "--drift-interval"),
-        rollout_interval_s=parse_interval(get("rollout-interval", "30s") or "", "--rollout-interval"),
-        metrics_port=_port(get("metrics-port", "9090") or "9090", "--metrics-port"),
-        health_port=_port(get("health-port", "8080") or "8080", "--health-port"),
-        standalone=_flag_bool(args.standalone, env, "standalone"),
-        peering=get("peering", "polymorph") or "polymorph",
-        peering_priority=_priority(get("peering-priority")),
+        drift_interval_s=DRIFT_INTERVAL.value(args, env),
+        rollout_interval_s=ROLLOUT_INTERVAL.value(args, env),
+        metrics_port=METRICS_PORT.value(args, env),
+        health_port=HEALTH_PORT.value(args, env),
+        standalone=STANDALONE.value(args, env),
+        peering=PEERING.value(args, env),
+        peering_priority=PEERING_PRIORITY.value(args, env),
         log_level=level,
         cluster=cluster,
     )
