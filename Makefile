@@ -6,13 +6,19 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv test lint typecheck unit demo e2e demo-fleet bench crds clean prometheus
+.PHONY: venv test lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane
 
 venv: $(DEV_STAMP)
 
 # The operator and e2e tests scrape with the real Prometheus server (Debian's package, 2.42).
 prometheus:
 	@command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus; }
+
+# The real Kubernetes control plane the tests start (tests/support/control_plane.py): etcd,
+# kube-apiserver, kube-controller-manager and kube-scheduler built from the Go module proxy
+# (tests/tools/control-plane), once, into the test cache outside the repository.
+control-plane:
+	PYTHONPATH=tests $(PYTHON) -m support.control_plane_build
 
 # Two install levels: what running Polymorph needs (make demo), and the test tooling on top.
 # .ci/constraints.txt pins every dependency to the versions CI last passed with: installs are
