@@ -196,11 +196,13 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     defs = raw.get("$defs", {})
     schema = _structural(raw, defs)
     props = schema["properties"]
-    # The API server owns these three. Of metadata, a CRD may only constrain name and generateName;
-    # their maxLength also bounds the API server's cost estimate of CEL rules that read the name
-    # (unbounded, a regex over it is estimated at ~3 MB and the CRD is rejected). generateName
-    # leaves room for the 5 characters the API server appends.
-    longest = getattr(model, "NAME_MAX_LENGTH", 253)
+    # The API server owns these three. Of metadata, a CRD may only constrain name and generateName.
+    # Their maxLength is the API server's own limit (253): it bounds the cost estimate of CEL rules
+    # that read the name (unbounded, a regex over it is estimated at ~3 MB and the CRD is
+    # rejected), and the resource's shorter limit is left to its name rule, whose sentence the
+    # API server then gives (a failed maxLength skips every CEL rule). generateName leaves room
+    # for the 5 characters the API server appends.
+    longest = 253
     props["apiVersion"] = {"type": "string", "description": "polymorph.dev/v1alpha1"}
     props["kind"] = {"type": "string", "description": model.__name__}
     props["metadata"] = {

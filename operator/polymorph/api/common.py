@@ -354,8 +354,8 @@ class ObjectMeta(StrictModel):
 class ResourceModel(StrictModel):
     """Base of a whole Polymorph object (apiVersion, kind, metadata, spec, status).
 
-    ``NAME_MAX_LENGTH`` is the longest ``metadata.name`` the resource accepts (the CRD says it too,
-    which also bounds the API server's cost estimate of the name's CEL rule).
+    ``NAME_MAX_LENGTH`` is the longest ``metadata.name`` the resource accepts; the resource's name
+    rule (CEL in the CRD) checks it, so the API server gives that rule's sentence.
     """
 
     NAME_MAX_LENGTH: ClassVar[int] = 253

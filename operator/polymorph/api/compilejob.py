@@ -193,11 +193,12 @@ class CompileJob(ResourceModel):
     RULES = (
         Rule(
             f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{DNS_LABEL_PATTERN}')",
-            f"metadata.name must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', as it names a Job",
+            f"must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', as it names a Job",
             lambda j: (
                 len(j.metadata.name) <= CompileJob.NAME_MAX_LENGTH
                 and _DNS_LABEL.match(j.metadata.name) is not None
             ),
+            field="metadata.name",
         ),
     )
 

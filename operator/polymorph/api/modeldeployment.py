@@ -349,12 +349,13 @@ class ModelDeployment(ResourceModel):
     RULES = (
         Rule(
             f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{MD_NAME_PATTERN}')",
-            f"metadata.name must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', starting with a "
+            f"must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', starting with a "
             "letter, as it names a Service and the Deployment <name>-canary",
             lambda md: (
                 len(md.metadata.name) <= ModelDeployment.NAME_MAX_LENGTH
                 and _MD_NAME.match(md.metadata.name) is not None
             ),
+            field="metadata.name",
         ),
     )
 

@@ -8,16 +8,17 @@ JSON schema (``x-kubernetes-validations``).
 
 A rule's CEL expression and its Python predicate state the same fact twice, in two languages,
 beside each other; ``tests/api/test_api_cel.py`` evaluates every CEL expression with a CEL
-interpreter against valid and invalid manifests and asserts that the API server's verdict and
-sentence are the ones ``validate`` gives. The message is static (no values interpolated), so
+interpreter against valid and invalid manifests, and ``tests/control_plane/test_cel_server.py``
+sends the same manifests to the real kube-apiserver; both assert that the API server's verdict
+and sentence are the ones ``validate`` gives. The message is static (no values interpolated), so
 the two can be equal. Two semantic notes the rules follow:
 
 - The CRD schema carries no defaults (the models apply them), so a rule that reads an
   optional field guards it with ``has()``; the predicate reads the model's default instead.
-- ``has()`` is "the field is given", and the predicate reads ``None`` as "not given". They differ
-  in one case only: an explicit ``null`` on an optional field (kept by the API server, as the
-  CRD marks optional fields nullable) counts as given for ``has()``. So ``{profile: {...},
-  traceUri: null}`` passes ``validate`` and is rejected at apply time; never the reverse.
+- ``has()`` is "the field is given", and the predicate reads ``None`` as "not given". The two
+  agree on an explicit ``null`` too: the API server keeps it (the CRD marks optional fields
+  nullable), but CEL sees a null-valued field as absent, so ``{profile: {...}, traceUri: null}``
+  passes both ``validate`` and the API server.
 
 This module knows nothing about any one resource.
 """
@@ -51,8 +52,10 @@ class Rule:
 
     ``cel`` is checked by the API server with ``self`` bound to the model's object; ``holds``
     is the same check over the validated model instance. When it fails, both report
-    ``message`` at ``field`` (a direct field of the model, as a CRD ``fieldPath``), or at the
-    model itself when ``field`` is None.
+    ``message`` at ``field`` (a field of the model, or a dotted path below it such as
+    ``metadata.name``, as a CRD ``fieldPath``), or at the model itself when ``field`` is None.
+    A resource's rules always name a field: the API server reports a rule without one at
+    ``<nil>``.
     """
 
     cel: str
@@ -67,7 +70,7 @@ class Rule:
     @property
     def loc(self) -> tuple[str, ...]:
         """Where the rule is reported, relative to the model."""
-        return (self.field,) if self.field else ()
+        return tuple(self.field.split(".")) if self.field else ()
 
     def validation(self) -> dict[str, str]:
         """The ``x-kubernetes-validations`` entry of this rule."""
