@@ -36,6 +36,7 @@ import datetime
 import ipaddress
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -347,12 +348,9 @@ class ControlPlane:
 
     def api(self, timeout: float = 30) -> httpx.Client:
         """An httpx client as the admin (``system:masters``); close it, or use it in a ``with``."""
-        return httpx.Client(
-            base_url=self.url,
-            cert=(str(self.admin_cert), str(self.admin_key)),
-            verify=str(self.ca_file),
-            timeout=timeout,
-        )
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.load_cert_chain(str(self.admin_cert), str(self.admin_key))
+        return httpx.Client(base_url=self.url, verify=context, timeout=timeout)
 
     def kubeconfig_with_token(self, path: Path, token: str, *, user: str, namespace: str = "default") -> Path:
         """A kubeconfig for this server that authenticates with ``token`` (no client certificate)."""
