@@ -233,7 +233,7 @@ def test_the_judgement_reserve_is_kept_from_the_agent(tmp_path: Path, base: Path
     campaign = Campaign(
         settings(base, budget=Budget(maxExperiments=9, sandboxes=1)), open_store(str(tmp_path / "s")), runner
     )
-    assert campaign.reserved_experiments() == 2
+    assert campaign.budget.reserved_experiments() == 2
     out = campaign.run(SearchAgent())
     defaults = read_build(base).defaults()
     assert len(runner.ran) <= 9

@@ -1,18 +1,17 @@
 """A compile campaign: an agent proposes builds, a runner measures them, a ledger remembers them.
 
-The functional core (``objective_value``, ``violations``, ``compare``, ``select_result``,
-``counts``, ``budget_share``) lives in ``polymorph.compile.selection``, which also states the
-paired winning rule. ``Campaign`` is the shell: it runs the baseline, hands the agent a
-``CampaignContext``, appends every experiment to the ledger, keeps the progress document
-current, stores each eligible candidate build with its manifest, confirms the winner and
-finally writes ``result.json``.
+``Campaign`` is the shell of one sandbox's share of a campaign: it runs the baseline, hands
+the agent its ``AgentContext`` (``context``), appends every experiment to the ledger, keeps
+the progress document current, stores each eligible candidate build with its manifest, has
+the best build judged (``judgement.judge``) and confirmed (``confirmation.confirm``), and
+finally writes ``result.json``. The pure rules are elsewhere: what wins, the ranking and the
+leaderboard in ``selection``; where builds stand and the judgement in ``judgement``; the
+experiment and time budget in ``budget``.
 
-Budget and resuming. ``budget.maxExperiments`` is for the whole campaign; sandbox ``i`` of
-``n`` may run its share (``budget_share``). The deadline counts campaign time across runs
-(each run adds its elapsed time to the progress document), so a campaign resumed after a
-kill neither restarts its clock nor loses the time it already spent. An experiment whose
-``(build id, workload hash)`` is already in the ledger is never run again: its recorded
-result is returned, which lets a deterministic agent replay its path for free.
+Resuming. An experiment whose ``(build id, workload hash)`` is already in the ledger is never
+run again: its recorded result is returned, which lets a deterministic agent replay its path
+for free. The budget's clock counts campaign time across runs (``budget``). A campaign run
+again after it finished on the same budget reports its result as it was.
 
 Pairing. Every candidate is benchmarked paired with a baseline in the same engine
 (``Runner.run(build, against=...)``): by default the base build, or the build an agent names
@@ -21,24 +20,7 @@ comparator), by the full protocol or the short screening one (``screen=True``). 
 experiment is identified by ``(build id, workload hash, the build it was paired against, the
 protocol)``: the same build paired against another baseline, or measured again by the full
 protocol, is a new experiment. A timeout counts as "not ready yet" once: the same experiment
-may run once more. The base build itself runs alone first. The budget is checked before an
-experiment starts; one that is running may finish past the deadline (the runner's experiment
-timeout bounds it).
-
-Ranking. ``ranking()`` ranks every build by all the paired records at once
-(``selection.rank``: least squares over the comparison graph); the leaderboard, ``best`` and
-``versus`` read it, so no build is ranked by a chain of point ratios.
-
-Judgement. The agent's budget ends where a reserve begins (``reserved_experiments``,
-``reserved_seconds``: the final pairing, its confirmation and ``MAX_CONTENDERS`` races, from
-what experiments have cost so far). Then ``_judge`` races the leader's contenders by the full
-protocol and pairs the leader with the baseline, so a deadline never leaves the best measured
-build unjudged, whatever the agent did.
-
-Confirmation: ``confirmation.confirm`` re-measures the winner, paired with the baseline, before
-it is declared.
-
-A campaign run again after it finished on the same budget reports its result as it was.
+may run once more. The base build itself runs alone first.
 
 Every eligible candidate build is stored with its manifest (parent, knobs, the workload it
 was tuned for, figures) when its experiment is recorded, so any sandbox can fetch a winner.
@@ -53,7 +35,6 @@ It knows nothing about how an experiment runs (the runner does) or how agents de
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
@@ -64,10 +45,11 @@ from pathlib import Path
 
 from polymorph.api import Budget, BuildManifest, ExperimentRecord, Gates, Objective, WorkloadProfile
 from polymorph.api.build import TokenUsage
-from polymorph.api.common import parse_duration
 from polymorph.builds import KnobValue, read_build
-from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted, Comparison
+from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted
+from polymorph.compile.budget import SandboxBudget
 from polymorph.compile.confirmation import confirm
+from polymorph.compile.context import AgentContext
 from polymorph.compile.documents import (
     CampaignResult,
     Progress,
@@ -76,32 +58,15 @@ from polymorph.compile.documents import (
     SandboxState,
     StopReason,
 )
+from polymorph.compile.judgement import Standings, judge
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.outcome import CampaignOutcome
-from polymorph.compile.ranking import Ranking
 from polymorph.compile.runner import Runner
-from polymorph.compile.selection import (
-    budget_share,
-    compare,
-    counts,
-    eligible,
-    rank,
-    score,
-    select_result,
-    summary,
-)
+from polymorph.compile.selection import counts, eligible, score, select_result, summary
 from polymorph.errors import BuildError
-from polymorph.stats import Estimate
 from polymorph.store import Store, build_archive_key, build_id
 
-__all__ = ["MAX_CONTENDERS", "Campaign", "CampaignSettings"]
-
-MAX_CONTENDERS = 4
-"""The judgement races at most this many contenders against the leader (each once per leader)."""
-RACE_SLACK = 0.01
-"""A build is a contender when its interval over the leader reaches 1 - this (1%)."""
-MAX_LEADERS = 3
-"""Leader changes the judgement follows (a contender that beats the leader is raced in turn)."""
+__all__ = ["Campaign", "CampaignSettings"]
 
 
 @dataclass
@@ -147,20 +112,23 @@ class Campaign:
         self.settings = settings
         self.store = store
         self.runner = runner
-        self.clock = clock
         self.on_record = on_record
         self._log = log or (lambda _msg: None)
         self.ledger = Ledger(store, settings.paths.ledger(settings.sandbox))
-        self.share = budget_share(settings.budget.maxExperiments, settings.budget.sandboxes, settings.sandbox)
-        self.deadline_s = parse_duration(settings.budget.deadline)
         self.workload_hash = settings.workload_hash
         self.base_id = build_id(settings.base_dir)
         previous = self._read_progress()
         self._previous = previous
-        self.prior_elapsed = previous.elapsedS if previous else 0.0
         self.started_at = previous.startedAt if previous else _now()
-        self.tokens = previous.tokens if previous else TokenUsage()
-        self._session_start = clock()
+        self.standings = Standings(self.ledger, self.base_id, settings.objective)
+        self.budget = SandboxBudget(
+            settings.budget,
+            settings.sandbox,
+            self.standings,
+            clock=clock,
+            prior_elapsed=previous.elapsedS if previous else 0.0,
+            tokens=previous.tokens if previous else None,
+        )
         self._ran = 0
         self._cached = 0
         self._dirs: dict[str, Path] = {}
@@ -168,82 +136,9 @@ class Campaign:
         self._tmp = Path(tempfile.mkdtemp(prefix="polymorph-campaign-"))
         self.workdir = self._tmp / "work"
         self.workdir.mkdir()
-        self._baseline: ExperimentRecord | None = None
-        self._ranking: tuple[int, Ranking] | None = None
-        self._judging = False
-        self._final = False
         self.state: SandboxState = "running"
         self.stop_reason: StopReason | None = None
         self.message = ""
-
-    # --- clock and budget -------------------------------------------------------------------
-
-    def elapsed(self) -> float:
-        """Campaign seconds so far, across every run of it."""
-        return self.prior_elapsed + (self.clock() - self._session_start)
-
-    def reserved_experiments(self) -> int:
-        """Experiments kept from the agent for the judgement: the races and the final pairing."""
-        if self.share < 3:
-            return 0  # the baseline and one candidate: nothing to judge it against but the baseline
-        return min(1 + MAX_CONTENDERS, max(1, self.share // 4))
-
-    def reserved_seconds(self) -> float:
-        """Seconds kept from the agent for the judgement, from what experiments have cost so far:
-        the final pairing with the baseline and its confirmation (``_final_seconds``), plus
-        ``MAX_CONTENDERS`` races (each about a typical experiment that did not time out). At most
-        half the deadline."""
-        base = self._baseline
-        if base is None:
-            return 0.0
-        totals = sorted(
-            r.timings.totalS for r in self.ledger.records if r.build != self.base_id and r.status != "timeout"
-        )
-        typical = min(totals[len(totals) // 2], base.timings.totalS) if totals else base.timings.totalS
-        need = self._final_seconds() + MAX_CONTENDERS * typical
-        return min(0.5 * self.deadline_s, need)
-
-    def experiments_left(self) -> int:
-        """Experiments the agent may still start (the judgement's reserve excluded)."""
-        held = 0 if self._judging else self.reserved_experiments()
-        return max(0, self.share - held - len(self.ledger))
-
-    def seconds_left(self) -> float:
-        """Seconds the agent may still start experiments in (the judgement's reserve excluded)."""
-        held = 0.0 if self._judging else self.reserved_seconds()
-        return max(0.0, self.deadline_s - held - self.elapsed())
-
-    def record_usage(self, usage: TokenUsage) -> None:
-        """Add an agent's API token usage to the campaign's total (kept in the progress document)."""
-        self.tokens = TokenUsage(
-            inputTokens=self.tokens.inputTokens + usage.inputTokens,
-            outputTokens=self.tokens.outputTokens + usage.outputTokens,
-        )
-
-    def token_usage(self) -> TokenUsage:
-        """Tokens the agent has used so far, across every run of this campaign."""
-        return self.tokens
-
-    def ensure_budget(self) -> None:
-        """Raise ``BudgetExhausted`` when no new experiment may start (experiments or deadline spent).
-
-        The agent's budget ends where the judgement's reserve begins (``reserved_experiments``,
-        ``reserved_seconds``), so the best build it found is always judged before the deadline.
-        """
-        if self.experiments_left() <= 0:
-            held = self.reserved_experiments()
-            why = (
-                f"the experiment budget ({self.share} for this sandbox) is spent"
-                if self._judging or not held
-                else f"the agent's share of the experiment budget is spent ({self.share - held} of "
-                f"{self.share} for this sandbox; {held} kept for the judgement)"
-            )
-            raise BudgetExhausted("maxExperiments", why)
-        if self.seconds_left() <= 0 and not self._final:
-            kept = "" if self._judging else f", less {self.reserved_seconds():.0f} s kept for the judgement"
-            raise BudgetExhausted(
-                "deadline", f"the deadline ({self.settings.budget.deadline}{kept}) has passed"
-            )
 
     # --- experiments ------------------------------------------------------------------------
 
@@ -264,14 +159,14 @@ class Campaign:
         against_dir: Path | None = None
         if bid != self.base_id:
             against_id = against.build if against is not None else self.base_id
-            against_dir = self._dir_of(against_id)
+            against_dir = self.dir_of(against_id)
         recorded = self._recorded(bid, against_id, screen)
         if recorded is not None:
             self._cached += 1
             if self.on_record is not None:
                 self.on_record(recorded, True, self.progress())
             return recorded
-        self.ensure_budget()
+        self.budget.ensure()
         started = datetime.now(UTC)
         record = self.runner.run(build_dir, description=description, against=against_dir, screen=screen)
         knobs = record.knobs or self._knobs_of(build_dir)
@@ -315,7 +210,7 @@ class Campaign:
             return settled[-1]
         return same[-1] if len(same) >= 2 else None
 
-    def _dir_of(self, build: str) -> Path:
+    def dir_of(self, build: str) -> Path:
         """A directory holding ``build`` (the base, one this campaign ran, or fetched from the store)."""
         if build == self.base_id:
             return self.settings.base_dir
@@ -355,111 +250,6 @@ class Campaign:
         self.store.put_build(build_dir, manifest)
         self._stored.add(record.build)
 
-    # --- what agents see --------------------------------------------------------------------
-
-    @property
-    def baseline(self) -> ExperimentRecord:
-        if self._baseline is None:
-            raise RuntimeError("the baseline has not run yet")
-        return self._baseline
-
-    def eligible(self, record: ExperimentRecord) -> bool:
-        return eligible(record, self.settings.objective)
-
-    def compare(self, record: ExperimentRecord, against: ExperimentRecord | None = None) -> Comparison | None:
-        """``record`` against ``against`` (default: the baseline) by the paired rule, at a factor of 1."""
-        other = against if against is not None else self._baseline
-        if other is None or not self.eligible(record) or not self.eligible(other):
-            return None
-        return compare(record, other, self.settings.objective)
-
-    def ranking(self) -> Ranking:
-        """Every build this sandbox measured, ranked by all its paired records at once
-        (``selection.rank``: a least-squares fit over the comparison graph, so a chain of anchors
-        is composed with its uncertainty, never as a product of point ratios)."""
-        if self._ranking is None or self._ranking[0] != len(self.ledger):
-            self._ranking = (
-                len(self.ledger),
-                rank(self.ledger.records, self.base_id, self.settings.objective),
-            )
-        return self._ranking[1]
-
-    def speedup(self, record: ExperimentRecord) -> float | None:
-        """``record``'s build's speedup over the baseline (> 1 is better) by all the paired
-        evidence; None when it cannot be compared."""
-        if self._baseline is None or not self.eligible(record):
-            return None
-        if record.build == self.base_id:
-            return 1.0
-        est = self.ranking().speedup(record.build)
-        return est.value if est is not None else None
-
-    def versus(self, record: ExperimentRecord, against: ExperimentRecord) -> Estimate | None:
-        """``record``'s build over ``against``'s by the whole ranking (see ``CampaignContext.versus``)."""
-        return self.ranking().versus(record.build, against.build)
-
-    def record_of(self, build: str) -> ExperimentRecord | None:
-        """The record that stands for ``build``: full and paired with the baseline when there is one,
-        else its most precise eligible record."""
-        own = [r for r in self.ledger.records if r.build == build and self.eligible(r)]
-        if not own:
-            return None
-
-        def standing(r: ExperimentRecord) -> tuple[bool, bool, float]:
-            against_base = r.comparison is not None and r.comparison.against == self.base_id
-            return (against_base, not r.screen, -(r.halfWidth if r.halfWidth is not None else math.inf))
-
-        return max(own, key=standing)
-
-    def leaderboard(self, limit: int = 10) -> list[ExperimentRecord]:
-        """Eligible builds by speedup over the baseline (``ranking``), best first, each by the record
-        that stands for it (``record_of``)."""
-        if self._baseline is None:
-            return []
-        board = []
-        for build in self.ranking().order():
-            record = self.record_of(build) if build != self.base_id else self._baseline
-            if record is not None:
-                board.append(record)
-            if len(board) >= limit:
-                break
-        return board
-
-    def best(self) -> ExperimentRecord:
-        board = self.leaderboard(1)
-        return board[0] if board else self.baseline
-
-    def best_dir(self) -> Path:
-        return self._dir_of(self.best().build)
-
-    @property
-    def sandbox(self) -> int:
-        return self.settings.sandbox
-
-    @property
-    def sandboxes(self) -> int:
-        return self.settings.budget.sandboxes
-
-    @property
-    def base_dir(self) -> Path:
-        return self.settings.base_dir
-
-    @property
-    def workload(self) -> WorkloadProfile | None:
-        return self.settings.workload
-
-    @property
-    def objective(self) -> Objective:
-        return self.settings.objective
-
-    @property
-    def gates(self) -> Gates:
-        return self.settings.gates
-
-    @property
-    def hardware(self) -> str:
-        return self.settings.hardware
-
     def log(self, message: str) -> None:
         self._log(message)
 
@@ -474,15 +264,15 @@ class Campaign:
     def progress(self) -> Progress:
         """The progress document of this sandbox (what the operator shows in CompileJob status)."""
         objective = self.settings.objective
-        base = self._baseline
+        base = self.standings.baseline
         best: ProgressBest | None = None
-        top = self.best() if base is not None else None
+        top = self.standings.best()
         if top is not None and base is not None and top.figures is not None and top is not base:
             # Paired with the baseline: the selection's own verdict; otherwise the ranking's
             # estimate over the baseline, not yet a verdict (never significant).
             against_base = top.comparison is not None and top.comparison.against == self.base_id
             scored = score(top, base, objective, self.settings.gates.minSpeedup) if against_base else None
-            est = scored.estimate if scored is not None else self.ranking().speedup(top.build)
+            est = scored.estimate if scored is not None else self.standings.ranking().speedup(top.build)
             if est is not None:
                 best = ProgressBest(
                     **dict(summary(top, objective)),
@@ -500,18 +290,18 @@ class Campaign:
             stopReason=self.stop_reason,
             message=self.message,
             counts=counts(self.ledger.records),
-            baseline=summary(base, objective) if base is not None and self.eligible(base) else None,
+            baseline=summary(base, objective) if base is not None and self.standings.eligible(base) else None,
             best=best,
             startedAt=self.started_at,
             updatedAt=_now(),
-            elapsedS=round(self.elapsed(), 3),
+            elapsedS=round(self.budget.elapsed(), 3),
             budget=ProgressBudget(
-                maxExperiments=self.share,
-                experimentsLeft=self.experiments_left(),
-                deadlineS=self.deadline_s,
-                secondsLeft=round(max(0.0, self.deadline_s - self.elapsed()), 3),
+                maxExperiments=self.budget.share,
+                experimentsLeft=self.budget.experiments_left(),
+                deadlineS=self.budget.deadline_s,
+                secondsLeft=round(max(0.0, self.budget.deadline_s - self.budget.elapsed()), 3),
             ),
-            tokens=self.tokens,
+            tokens=self.budget.tokens,
             workloadHash=self.workload_hash,
         )
 
@@ -526,75 +316,6 @@ class Campaign:
             if i != self.settings.sandbox and self.store.exists(key):
                 ledgers[i] = [ExperimentRecord.model_validate(x) for x in self.store.read_jsonl(key)]
         return ledgers
-
-    # --- the judgement ----------------------------------------------------------------------
-
-    def _judge(self) -> None:
-        """Settle the best build by the full protocol, whatever the agent did, in the reserve kept for it.
-
-        1. Race: every contender (``Ranking.contenders``: its interval over the leader reaches
-           ``1 - RACE_SLACK``) that was not yet measured by the full protocol against the leader
-           is, paired with it. A contender that beats the leader becomes the leader, and its own
-           contenders are raced in turn (at most ``MAX_LEADERS`` times).
-        2. The leader, when it has no full record paired with the baseline, gets one: the
-           record the selection judges it by.
-        Races stop when the budget is spent; the final pairing runs even then (its time and one
-        experiment are reserved), so a deadline never leaves the best measured build unjudged.
-        """
-        self._judging = True
-        try:
-            for _ in range(MAX_LEADERS):
-                graph = self.ranking()
-                lead = graph.leader()
-                if lead == self.base_id:
-                    return
-                rivals = [
-                    b
-                    for b in graph.contenders(RACE_SLACK, MAX_CONTENDERS + 1)[1:]
-                    if not self._raced(b, lead)
-                ]
-                changed = False
-                for rival in rivals:
-                    if rival == self.base_id:
-                        continue
-                    if self.experiments_left() <= 1 or self.seconds_left() <= self._final_seconds():
-                        break  # the final pairing's share stays untouched
-                    record = self.run_experiment(
-                        self._dir_of(rival),
-                        description=f"race: {_short(rival)} vs the leader {_short(lead)}",
-                        against=self.record_of(lead),
-                    )
-                    cmp = self.compare(record, self.record_of(lead))
-                    if cmp is not None and cmp.significant:
-                        changed = True
-                        break
-                if not changed:
-                    break
-            lead = self.ranking().leader()
-            if lead != self.base_id and not self._raced(lead, self.base_id):
-                self._final = True  # its time was reserved: a deadline passed meanwhile does not skip it
-                self.run_experiment(
-                    self._dir_of(lead), description=f"final: {_short(lead)}, the leader, vs the baseline"
-                )
-        except BudgetExhausted:
-            pass  # nothing reserved is left: the selection judges what was measured
-        finally:
-            self._judging = self._final = False
-
-    def _raced(self, build: str, other: str) -> bool:
-        """Whether ``build`` and ``other`` were measured by the full protocol, paired with each other."""
-        return any(
-            not r.screen
-            and r.comparison is not None
-            and {r.build, r.comparison.against} == {build, other}
-            and self.eligible(r)
-            for r in self.ledger.records
-        )
-
-    def _final_seconds(self) -> float:
-        """About what the final pairing with the baseline and its confirmation take: each pairs the
-        leader with the baseline by the full protocol, about twice the baseline's own run."""
-        return 4 * self._baseline.timings.totalS if self._baseline is not None else 0.0
 
     # --- the campaign -----------------------------------------------------------------------
 
@@ -630,13 +351,13 @@ class Campaign:
             return None
         budget = previous.budget
         if (
-            budget.maxExperiments != self.share
-            or budget.deadlineS != self.deadline_s
+            budget.maxExperiments != self.budget.share
+            or budget.deadlineS != self.budget.deadline_s
             or not self.store.exists(key)
         ):
             return None
         result = CampaignResult.model_validate(self.store.get_json(key))
-        self._baseline = next((r for r in self.ledger.records if r.build == self.base_id), None)
+        self.standings.baseline = next((r for r in self.ledger.records if r.build == self.base_id), None)
         self.state, self.stop_reason, self.message = "finished", previous.stopReason, previous.message
         self._cached = len(self.ledger)
         best_uri = _build_uri(self.store, result.best.build) if result.best is not None else None
@@ -647,7 +368,7 @@ class Campaign:
             message=previous.message,
             ranThisSession=0,
             fromLedger=len(self.ledger),
-            sessionSeconds=self.clock() - self._session_start,
+            sessionSeconds=self.budget.session_seconds(),
             records=list(self.ledger.records),
             bestUri=best_uri,
         )
@@ -662,22 +383,23 @@ class Campaign:
             base = self.run_experiment(
                 self.settings.base_dir, description="baseline: the base build as it is"
             )
-            self._baseline = base
-            if not self.eligible(base):
+            self.standings.baseline = base
+            if not self.standings.eligible(base):
                 stop = "baselineFailed"
                 why = base.error or base.status
                 message = f"the base build did not pass ({why}), so no candidate can be compared with it"
             else:
-                message = agent.run(self) or "the agent finished"
+                message = agent.run(AgentContext(self)) or "the agent finished"
         except BudgetExhausted as exc:
             stop, message = exc.reason, str(exc)
         except AgentError as exc:
             stop, message = "agentError", str(exc)
-        if self._baseline is not None and self.eligible(self._baseline):
-            self._judge()
+        baseline = self.standings.baseline
+        if baseline is not None and self.standings.eligible(baseline):
+            judge(self)
         # "failed" only when nothing could be compared; an agent that failed after the baseline
         # still leaves a valid result (its best so far).
-        self.state = "failed" if stop == "baselineFailed" or self._baseline is None else "finished"
+        self.state = "failed" if stop == "baselineFailed" or baseline is None else "finished"
         self.stop_reason = stop
         self.message = message
         self._write_progress()
@@ -700,7 +422,7 @@ class Campaign:
                 result,
                 self.runner,
                 self.settings.base_dir,
-                self._dir_of(best.build),
+                self.dir_of(best.build),
                 self.settings.objective,
                 base_id=self.base_id,
             )
@@ -716,14 +438,10 @@ class Campaign:
             message=message,
             ranThisSession=self._ran,
             fromLedger=self._cached,
-            sessionSeconds=self.clock() - self._session_start,
+            sessionSeconds=self.budget.session_seconds(),
             records=list(self.ledger.records),
             bestUri=best_uri,
         )
-
-
-def _short(build: str) -> str:
-    return build[:15] if build.startswith("sha256:") else build
 
 
 def _build_uri(store: Store, build: str) -> str:

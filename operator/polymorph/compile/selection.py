@@ -1,7 +1,7 @@
 """Choosing a campaign's result: pure functions over experiment records and figures.
 
 ``objective_value``, ``pass_values``, ``value_ci``, ``estimate``, ``compare``, ``eligible``,
-``counts``, ``budget_share``, ``summary`` and ``select_result`` take plain records
+``record_of``, ``leaderboard``, ``counts``, ``budget_share``, ``summary`` and ``select_result`` take plain records
 (``ExperimentRecord``, ``Figures``, ``Objective``, ``Gates``) and return plain values or the
 documents of ``documents``.
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -53,10 +53,12 @@ __all__ = [
     "edge_of",
     "eligible",
     "estimate",
+    "leaderboard",
     "objective_value",
     "pass_values",
     "rank",
     "ranked",
+    "record_of",
     "score",
     "select_result",
     "summary",
@@ -193,6 +195,41 @@ def eligible(record: ExperimentRecord, objective: Objective) -> bool:
         and record.figures is not None
         and not violations(record.figures, objective.constraints)
     )
+
+
+def record_of(
+    records: Iterable[ExperimentRecord], build: str, base_build: str, objective: Objective
+) -> ExperimentRecord | None:
+    """The record that stands for ``build``: full and paired with ``base_build`` when there is one,
+    else its most precise eligible record; None when it has no eligible record."""
+    own = [r for r in records if r.build == build and eligible(r, objective)]
+    if not own:
+        return None
+
+    def standing(r: ExperimentRecord) -> tuple[bool, bool, float]:
+        against_base = r.comparison is not None and r.comparison.against == base_build
+        return (against_base, not r.screen, -(r.halfWidth if r.halfWidth is not None else math.inf))
+
+    return max(own, key=standing)
+
+
+def leaderboard(
+    ranking: Ranking,
+    records: Sequence[ExperimentRecord],
+    baseline: ExperimentRecord,
+    objective: Objective,
+    limit: int = 10,
+) -> list[ExperimentRecord]:
+    """Eligible builds by ``ranking`` (speedup over the baseline), best first, each once: by the
+    record that stands for it (``record_of``), the baseline by ``baseline``."""
+    board = []
+    for build in ranking.order():
+        record = baseline if build == ranking.base else record_of(records, build, ranking.base, objective)
+        if record is not None:
+            board.append(record)
+        if len(board) >= limit:
+            break
+    return board
 
 
 def counts(records: Iterable[ExperimentRecord]) -> Counts:
