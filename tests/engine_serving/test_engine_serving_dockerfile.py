@@ -98,10 +98,17 @@ def test_copied_paths_exist_and_survive_the_dockerignore() -> None:
         kept = [p for p in files if not _ignored(p.relative_to(ROOT).as_posix(), patterns)]
         assert kept, f"{src} would be empty in the build context"
     for needed in (
-        "engine_image/polymorph_engine/server.py",
+        "engine_image/polymorph_engine/serving/server.py",
         "engine_image/polymorph_engine/builds/reference/build.toml",
         "operator/polymorph/cli.py",
     ):
+        assert (ROOT / needed).is_file(), f"{needed} does not exist: the test must name files the image needs"
         assert not _ignored(needed, patterns), needed
+    # Every module and build file of both packages reaches the image.
+    for package in ("operator/polymorph", "engine_image/polymorph_engine"):
+        for path in (ROOT / package).rglob("*"):
+            rel = path.relative_to(ROOT).as_posix()
+            if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts:
+                assert not _ignored(rel, patterns), rel
     assert _ignored(".venv/bin/python", patterns) and _ignored("tests/conftest.py", patterns)
     assert _ignored("operator/polymorph/__pycache__/cli.cpython-311.pyc", patterns)

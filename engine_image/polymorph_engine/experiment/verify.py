@@ -21,7 +21,7 @@ Measures (see ``Verification``):
 ``passed`` = finite and tokenAgreement >= gates.tokenAgreement and logitError <=
 gates.logitTolerance. A build with NaN output is therefore ``rejected`` (not ``failed``).
 
-It knows nothing about builds on disk beyond asking ``buildspec`` for the reference, and
+It knows nothing about builds on disk beyond asking ``runtime.loader`` for the reference, and
 nothing about benchmarks or processes.
 Shapes: P = prompts, K = steps, V = vocab size.
 """

@@ -4,9 +4,9 @@ Owns: the current build and the swap. ``Engine.load_build(dir, knobs)`` first re
 current build (``HotPath.close()``, drops every reference, runs the garbage collector if
 reference cycles kept the hot path alive, and returns cached device memory and cuBLAS
 workspaces), then imports the new build as a fresh uniquely named
-package (``buildspec.load_hotpath``) and makes it current. A build's package stays in
+package (``loader.load_hotpath``) and makes it current. A build's package stays in
 ``sys.modules`` only while its hot path is live (torch.compile re-imports it by name); ``unload``
-calls ``buildspec.forget_build`` so nothing accumulates there across swaps.
+calls ``loader.forget_build`` so nothing accumulates there across swaps.
 Releasing *before* loading keeps memory bounded by one build's derived state: two builds'
 fused weight copies of a large model never coexist. If loading fails, the engine holds no
 build and the exception propagates to the caller.

@@ -92,7 +92,7 @@ class Verification(StrictModel):
     ``tokenAgreement`` is the fraction of teacher-forced decode steps whose greedy token equals
     the golden one; ``logitError`` is the largest max|logits - golden| / max|golden| over prompts
     and steps; ``finite`` is false when any logit is NaN or infinite (which never passes).
-    ``polymorph_engine.verify`` computes them.
+    ``polymorph_engine.experiment.verify`` computes them.
     """
 
     tokenAgreement: float

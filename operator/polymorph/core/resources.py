@@ -31,6 +31,7 @@ __all__ = [
     "LABEL_TRACK",
     "MANAGED_BY",
     "SANDBOX_SPEC_FILE",
+    "SERVING_ROLLING_UPDATE",
     "ClusterSettings",
     "ModelMount",
     "build_label",
@@ -59,6 +60,12 @@ MODEL_DIR = "/models"
 # A fixed unprivileged uid/gid (the distroless "nonroot" user), so runAsNonRoot holds for any image.
 NONROOT_UID = 65532
 _HEX = re.compile(r"^sha256:([0-9a-f]{64})$")
+SERVING_ROLLING_UPDATE: dict[str, int | str] = {"maxUnavailable": 0, "maxSurge": "25%"}
+"""How each serving Deployment replaces its pods when its pod template changes (a promotion puts
+the new build on the stable Deployment; a spec change alters the engine's image, env or
+resources): never a ready replica away before its replacement is ready, so capacity stays
+whole, and at most a quarter of its replicas more (rounded up, so at least one) at a time, so
+the surge asks the cluster for a bounded number of extra accelerators."""
 
 
 @dataclass(frozen=True)
@@ -267,8 +274,7 @@ def serving_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": _selector_labels(md, track)},
-            # Never take a ready replica away before its replacement is ready (capacity stays whole).
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(SERVING_ROLLING_UPDATE)},
             "template": {
                 "metadata": {
                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, **labels},
