@@ -10,7 +10,9 @@
   of every identity but the admin;
 - ``kube-controller-manager`` with the controllers a workload needs (deployments, replica sets,
   jobs, the garbage collector, namespaces, service accounts and their tokens, the root CA
-  ConfigMap, role aggregation), each under its own service account, as on a cluster;
+  ConfigMap, role aggregation, node lifecycle), each under its own service account, as on a
+  cluster; the node lifecycle controller lifts a new node's ``not-ready`` taint once it reports
+  Ready, and taints it again when its Lease is not renewed;
 - ``kube-scheduler``, which binds pods to the nodes that a node agent registers (none is here:
   a pod stays Pending until one is).
 
@@ -69,6 +71,7 @@ CONTROLLERS = (
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
+    "node-lifecycle-controller",
 )
 
 
@@ -246,6 +249,7 @@ class ControlPlane:
         self.ca_file, self.ca_pem = certs.ca_file, certs.ca_pem
         serving = certs.issue("apiserver", "kube-apiserver", server=True)
         self.admin_cert, self.admin_key = certs.issue("admin", ADMIN, groups=("system:masters",))
+        proxy = certs.issue("front-proxy-client", "front-proxy-client")
         sa_key = ec.generate_private_key(ec.SECP256R1())
         (pki / "sa.key").write_bytes(_pem_key(sa_key))
         (pki / "sa.pub").write_bytes(
@@ -290,6 +294,10 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
+            f"--requestheader-client-ca-file={self.ca_file}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy[0]}", f"--proxy-client-key-file={proxy[1]}",
             "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false",
         )  # fmt: skip
         self._wait("kube-apiserver", self._apiserver_ready, timeout=120)
