@@ -5,6 +5,7 @@
 - ``kubectl`` (session): the real kubectl as the admin, ``kubectl(*args, stdin=..., check=...)``.
 - ``crds`` (session): the project's CRDs applied with that kubectl and Established.
 - ``namespace`` (function): a fresh namespace, deleted after the test.
+- ``prometheus`` (function): the real Prometheus server (``support.prometheus``), for the operator.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import pytest
 
 from support.control_plane import ControlPlane, control_plane
 from support.k8s_binaries import kubectl as kubectl_binary
+from support.prometheus import prometheus
 
-__all__ = ["control_plane"]
+__all__ = ["control_plane", "prometheus"]
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_NAMES = ("compilejobs.polymorph.dev", "modeldeployments.polymorph.dev")

@@ -19,7 +19,9 @@
 The admin identity is the client certificate ``CN=polymorph-admin, O=system:masters``;
 ``kubeconfig`` points at it. ``kubeconfig_with_token`` writes one for a bearer token (a
 service account's, from the TokenRequest API). ``api()`` is an httpx client as the admin.
-``node_kubeconfig(name)`` is a kubelet's identity for a node agent. ``timings`` holds the
+``node_kubeconfig(name)`` is a kubelet's identity for a node agent. ``audit(username)`` reads
+the API server's audit log (``AUDIT_POLICY``): each request of that user, with the RBAC
+authorizer's decision. ``timings`` holds the
 seconds each server took to be ready. Leaving the context stops the
 servers, last started first, and removes the folder unless it was given. A missing binary
 fails at once with one sentence (``ControlPlaneUnavailable``).
@@ -36,6 +38,7 @@ import argparse
 import base64
 import datetime
 import ipaddress
+import json
 import shutil
 import signal
 import ssl
@@ -45,6 +48,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -60,6 +64,22 @@ from support.prometheus import free_port
 __all__ = ["ADMIN", "ControlPlane", "ControlPlaneUnavailable", "control_plane", "write_kubeconfig"]
 
 ADMIN = "polymorph-admin"
+# Every request of the admin, of service accounts outside kube-system and of nodes, at the
+# Metadata level (who, verb, resource, the authorizer's decision, the status code); none of the
+# control plane's own components.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {
+            "level": "None",
+            "users": ["system:kube-controller-manager", "system:kube-scheduler", "system:apiserver"],
+        },
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {"level": "Metadata"},
+    ],
+}
 SERVICE_CIDR = "10.0.0.0/24"  # an address range for ClusterIPs; nothing is routed there
 CONTROLLERS = (
     "deployment-controller",
@@ -215,6 +235,7 @@ class ControlPlane:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit_log = self.workdir / "audit.log"
         self.timings: dict[str, float] = {}
         self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
@@ -268,6 +289,8 @@ class ControlPlane:
                 self.workdir / f"{name}.kubeconfig", self.url, self.ca_pem, cert=cert, key=key, user=identity
             )
         self.timings["certificates"] = time.monotonic() - started
+        audit_policy = self.workdir / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
 
         etcd_port, peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -299,6 +322,8 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={proxy[0]}", f"--proxy-client-key-file={proxy[1]}",
             "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false",
+            f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json", "--audit-log-maxsize=0",
         )  # fmt: skip
         self._wait("kube-apiserver", self._apiserver_ready, timeout=120)
 
@@ -372,6 +397,16 @@ class ControlPlane:
         return write_kubeconfig(
             self.workdir / f"node-{node}.kubeconfig", self.url, self.ca_pem, cert=cert, key=key, user=identity
         )
+
+    def audit(self, username: str) -> list[dict[str, Any]]:
+        """The audit events (``audit.k8s.io/v1`` Event, Metadata level) of one user's requests, in order."""
+        events = []
+        for line in self.audit_log.read_text(errors="replace").splitlines():
+            if f'"{username}"' in line:
+                event = json.loads(line)
+                if event["user"]["username"] == username:
+                    events.append(event)
+        return events
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         path = self.workdir / f"{name}.log"
