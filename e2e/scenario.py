@@ -353,7 +353,7 @@ class Scenario:
         self.say("kubectl apply: policy Manual (GitOps)")
         manual = deployment(policy="Manual")
         f.apply(manual)
-        slowed = slowed_build(f.store, f.workdir)
+        slowed = slowed_build(f.store, f.workdir, f.store.get_manifest(active).knobs)
         self.say(f"a slowed base build in the store: {slowed}")
         f.apply(compilejob(f"{MD}-slowed", slowed, copy.deepcopy(tuned)))
         cj = self._quietly(lambda: self._compile(f"{MD}-slowed"))
