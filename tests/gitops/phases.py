@@ -23,8 +23,8 @@ from polymorph.core import rollout
 from polymorph.core.analysis import AnalysisRun
 from polymorph.core.compilejobs import JobObservation, compilejob_status
 from polymorph.handlers import modeldeployments as mdh
+from polymorph.handlers.bodies import lenient, object_ref, parse_compilejob, parse_modeldeployment
 from polymorph.handlers.compilejobs import create as create_cj
-from polymorph.handlers.compilejobs import parse as parse_cj
 
 __all__ = ["ACTIVE", "CANDIDATE", "T0", "compilejob_phases", "deployment_phases"]
 
@@ -60,7 +60,7 @@ class World:
 
     def __init__(self, policy: str = "Auto", on_failure: str = "Rollback") -> None:
         self.body = _md_body(policy, on_failure)
-        md, problem = mdh.parse(self.body)
+        md, problem = parse_modeldeployment(self.body)
         assert md is not None, problem
         self.md = md
         self.state = RolloutStatus()
@@ -209,11 +209,12 @@ def _invalid(previous: dict[str, Any]) -> dict[str, Any]:
         **body["spec"],
         "engine": {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
     }
-    md, problem = mdh.parse(body)
+    md, problem = parse_modeldeployment(body)
     assert md is None and problem, "the spec must be one the model refuses"
     patch = kopf.Patch()
     ctx = SimpleNamespace(event=lambda *a, **k: None)
-    asyncio.run(mdh._set_invalid(ctx, body, patch, problem, T0))  # type: ignore[arg-type]
+    old = lenient(ModelDeploymentStatus, body.get("status"))
+    asyncio.run(mdh._set_invalid(ctx, object_ref(body), old, patch, problem, T0))  # type: ignore[arg-type]
     return {**body, "status": {**body["status"], **dict(patch.status)}}
 
 
@@ -227,7 +228,7 @@ def _cj(
         "spec": {"deploymentRef": {"name": "chat"}},
         "status": old or {"phase": "Pending", "jobName": "chat-1a2b3c4d", "observedGeneration": 1},
     }
-    cj, problem = parse_cj(body)
+    cj, problem = parse_compilejob(body)
     assert cj is not None, problem
     docs, result, job = phase_docs
     status = compilejob_status(cj, docs, result, job, "file:///store/ledger/", T0)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from polymorph.handlers.context import Freshness, event_manifest, sequence, sequenced_patch, status_patch
+from polymorph.core.patch import merged, sequenced_patch, status_patch
+from polymorph.handlers.bodies import object_ref, sequence
+from polymorph.handlers.context import Freshness, event_manifest
 
 
 def test_status_patch_sends_changes_and_nulls_for_removed_keys() -> None:
@@ -35,8 +37,14 @@ def test_freshness_skips_bodies_older_than_the_last_write() -> None:
 def test_event_manifest_names_the_object() -> None:
     body = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "ModelDeployment",
             "metadata": {"name": "chat", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}}  # fmt: skip
-    doc = event_manifest(body, "Promoted", "x" * 2000, "Normal", datetime(2026, 1, 1, tzinfo=UTC))
+    doc = event_manifest(object_ref(body), "Promoted", "x" * 2000, "Normal", datetime(2026, 1, 1, tzinfo=UTC))
     assert doc["involvedObject"] == {"apiVersion": "polymorph.dev/v1alpha1", "kind": "ModelDeployment", "name": "chat",
                                      "namespace": "ns", "uid": "u1", "resourceVersion": "7"}  # fmt: skip
     assert doc["metadata"] == {"generateName": "chat.", "namespace": "ns"} and len(doc["message"]) == 1024
     assert doc["reason"] == "Promoted" and doc["firstTimestamp"] == "2026-01-01T00:00:00Z"
+
+
+def test_merge_patch_removes_nulls_and_merges_nested() -> None:
+    assert merged({"a": {"b": 1, "c": 2}, "d": 1}, {"a": {"c": None, "e": 3}, "d": None}) == {
+        "a": {"b": 1, "e": 3}
+    }

@@ -7,8 +7,9 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymorph.api import ModelDeploymentSpec
+from polymorph.api import CompileJobStatus, ModelDeploymentSpec, ModelDeploymentStatus
 from polymorph.handlers import gauges
+from polymorph.handlers.bodies import lenient, serving_deployment, status_after
 from polymorph.handlers.observability import OperatorMetrics
 
 SPEC = {
@@ -40,8 +41,22 @@ def md_body(rollout: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-class Index(dict[tuple[str, str], list[dict[str, Any]]]):
-    """The kopf index shape: key -> bodies."""
+class Index(dict[tuple[str, str], list[Any]]):
+    """The kopf index shape: key -> values (the serving Deployments, as the indexer parses them)."""
+
+
+KEY = ("inference", "chat")
+
+
+def observe_md(m: OperatorMetrics, body: dict[str, Any], patch: dict[str, Any], deployments: Index) -> None:
+    """What the registry does after a tick: the status after its patch, with the parsed spec."""
+    status = status_after(ModelDeploymentStatus, body, patch)
+    gauges.observe_modeldeployment(m, KEY, ModelDeploymentSpec.model_validate(SPEC), status, deployments)  # type: ignore[arg-type]
+
+
+def observe_cj(m: OperatorMetrics, body: dict[str, Any], patch: dict[str, Any]) -> None:
+    before, after = lenient(CompileJobStatus, body.get("status")), status_after(CompileJobStatus, body, patch)
+    gauges.observe_compilejob(m, ("inference", body["metadata"]["name"]), "chat", before, after)
 
 
 def test_rollout_in_progress_is_mirrored_from_status_and_this_ticks_patch() -> None:
@@ -49,9 +64,9 @@ def test_rollout_in_progress_is_mirrored_from_status_and_this_ticks_patch() -> N
     body = md_body({"phase": "Progressing", "step": 0, "weight": 33, "startedAt": "2026-01-01T00:00:00Z"})
     patch = {"rollout": {"step": 1, "weight": 66, "actualWeight": 66.7,
                          "analysis": [{"name": "throughput", "value": 1.01}, {"name": "itl-p95"}]}}  # fmt: skip
-    deployments = Index({("inference", "chat"): [{"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}],
-                         ("inference", "chat-canary"): [{"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}]})  # fmt: skip
-    gauges.observe_modeldeployment(m, body, patch, deployments)
+    deployments = Index({("inference", "chat"): [serving_deployment({"spec": {"replicas": 1}, "status": {"readyReplicas": 1}})],
+                         ("inference", "chat-canary"): [serving_deployment({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}})]})  # fmt: skip
+    observe_md(m, body, patch, deployments)
     key = (("model_deployment", "chat"), ("namespace", "inference"))
     phases = samples(m, "polymorph_operator_rollout_phase")
     assert phases[(*key[:1], ("namespace", "inference"), ("phase", "Progressing"))] == 1
@@ -90,9 +105,7 @@ def test_rollout_in_progress_is_mirrored_from_status_and_this_ticks_patch() -> N
     )
 
     # The rollout ends: step, weight and start go, the no-data series go, the phase moves.
-    gauges.observe_modeldeployment(
-        m, body, {"rollout": {"phase": "Succeeded", "analysis": None}}, deployments
-    )
+    observe_md(m, body, {"rollout": {"phase": "Succeeded", "analysis": None}}, deployments)
     assert samples(m, "polymorph_operator_rollout_step") == {key: 0}
     assert samples(m, "polymorph_operator_rollout_weight_percent") == {key: 0}
     assert samples(m, "polymorph_operator_rollout_started_timestamp_seconds") == {}
@@ -120,16 +133,14 @@ def test_compilejob_counts_experiments_best_speedup_and_one_finish() -> None:
         "experiments": {"total": 7, "passed": 5, "failed": 2},
         "best": {"speedup": 1.25},
     }
-    gauges.observe_compilejob(m, body, {"experiments": {"total": 3, "passed": 3}})
+    observe_cj(m, body, {"experiments": {"total": 3, "passed": 3}})
     totals = samples(m, "polymorph_operator_compilejobs_finished_total")
     assert totals == {
         (("namespace", "inference"), ("phase", p)): 0 for p in ("Succeeded", "Failed", "Cancelled")
     }
     assert samples(m, "polymorph_operator_compilejob_best_speedup") == {}
-    gauges.observe_compilejob(m, body, finished)
-    gauges.observe_compilejob(
-        m, {**body, "status": finished}, {}
-    )  # a later tick of a finished job counts nothing
+    observe_cj(m, body, finished)
+    observe_cj(m, {**body, "status": finished}, {})  # a later tick of a finished job counts nothing
     totals = samples(m, "polymorph_operator_compilejobs_finished_total")
     assert totals[(("namespace", "inference"), ("phase", "Failed"))] == 1 and sum(totals.values()) == 1
     key = (("compilejob", "chat-1a2b3c4d"), ("model_deployment", "chat"), ("namespace", "inference"))
@@ -137,11 +148,5 @@ def test_compilejob_counts_experiments_best_speedup_and_one_finish() -> None:
     experiments = samples(m, "polymorph_operator_compilejob_experiments")
     assert experiments[(*key, ("outcome", "total"))] == 7 and experiments[(*key, ("outcome", "failed"))] == 2
     assert samples(m, "polymorph_operator_compilejob_phase")[(*key, ("phase", "Failed"))] == 1
-    gauges.forget_compilejob(m, body)
+    gauges.forget_compilejob(m, ("inference", body["metadata"]["name"]))
     assert samples(m, "polymorph_operator_compilejob_experiments") == {}
-
-
-def test_merge_patch_removes_nulls_and_merges_nested() -> None:
-    assert gauges.merged({"a": {"b": 1, "c": 2}, "d": 1}, {"a": {"c": None, "e": 3}, "d": None}) == {
-        "a": {"b": 1, "e": 3}
-    }

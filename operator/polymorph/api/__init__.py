@@ -15,6 +15,7 @@ from polymorph.api.build import (
 from polymorph.api.common import (
     API_GROUP,
     API_VERSION,
+    DEFAULT_NAMESPACE,
     AgentSpec,
     Budget,
     BuildId,
@@ -86,6 +87,7 @@ Resource = ModelDeployment | CompileJob
 __all__ = [
     "API_GROUP",
     "API_VERSION",
+    "DEFAULT_NAMESPACE",
     "RETIRED_ROLLOUT_PHASES",
     "TERMINAL_PHASES",
     "Accelerator",

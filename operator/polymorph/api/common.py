@@ -293,7 +293,11 @@ class AgentSpec(StrictModel):
 
 
 API_GROUP = "polymorph.dev"
-API_VERSION = "polymorph.dev/v1alpha1"
+ApiVersion = Literal["polymorph.dev/v1alpha1"]
+"""The ``apiVersion`` of every Polymorph resource."""
+API_VERSION: ApiVersion = "polymorph.dev/v1alpha1"
+DEFAULT_NAMESPACE = "default"
+"""The namespace of an object that names none."""
 
 
 class StatusModel(BaseModel):
@@ -349,6 +353,12 @@ class ObjectMeta(StrictModel):
     ownerReferences: list[OwnerReference] = Field(default_factory=list)
     managedFields: list[dict[str, Any]] = Field(default_factory=list)
     selfLink: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``; the namespace is ``default`` when the object names none, as
+        the API server and kubectl read it."""
+        return self.namespace or DEFAULT_NAMESPACE, self.name
 
 
 class ResourceModel(StrictModel):

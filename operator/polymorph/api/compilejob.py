@@ -15,8 +15,10 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 
 from polymorph.api.common import (
+    API_VERSION,
     DNS_LABEL_PATTERN,
     AgentSpec,
+    ApiVersion,
     Budget,
     BuildId,
     Condition,
@@ -202,7 +204,7 @@ class CompileJob(ResourceModel):
         ),
     )
 
-    apiVersion: Literal["polymorph.dev/v1alpha1"] = "polymorph.dev/v1alpha1"
+    apiVersion: ApiVersion = API_VERSION
     kind: Literal["CompileJob"] = "CompileJob"
     metadata: ObjectMeta
     spec: CompileJobSpec

@@ -16,8 +16,10 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 
 from polymorph.api.common import (
+    API_VERSION,
     DNS_LABEL_PATTERN,
     AgentSpec,
+    ApiVersion,
     Budget,
     BuildId,
     Duration,
@@ -359,7 +361,7 @@ class ModelDeployment(ResourceModel):
         ),
     )
 
-    apiVersion: Literal["polymorph.dev/v1alpha1"] = "polymorph.dev/v1alpha1"
+    apiVersion: ApiVersion = API_VERSION
     kind: Literal["ModelDeployment"] = "ModelDeployment"
     metadata: ObjectMeta
     spec: ModelDeploymentSpec

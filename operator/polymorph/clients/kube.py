@@ -21,6 +21,8 @@ from urllib.parse import urlencode
 import kubernetes
 import urllib3
 
+from polymorph.api import API_VERSION
+
 __all__ = [
     "COMPILEJOBS",
     "CONFIGMAPS",
@@ -60,8 +62,8 @@ DEPLOYMENTS = Kind("apps/v1", "deployments")
 SERVICES = Kind("v1", "services")
 CONFIGMAPS = Kind("v1", "configmaps")
 JOBS = Kind("batch/v1", "jobs")
-MODELDEPLOYMENTS = Kind("polymorph.dev/v1alpha1", "modeldeployments")
-COMPILEJOBS = Kind("polymorph.dev/v1alpha1", "compilejobs")
+MODELDEPLOYMENTS = Kind(API_VERSION, "modeldeployments")
+COMPILEJOBS = Kind(API_VERSION, "compilejobs")
 EVENTS = Kind("v1", "events")
 
 

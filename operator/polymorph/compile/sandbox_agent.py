@@ -23,7 +23,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from polymorph.api import parse_duration
+from polymorph.api import DEFAULT_NAMESPACE, parse_duration
 from polymorph.builds import REFERENCE_BUILD
 from polymorph.compile import report_html
 from polymorph.compile.agents import make_agent
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or meta.get("name")
     if not name:
         raise UsageError("the CompileJob has no metadata.name; pass --name")
-    namespace = args.namespace or meta.get("namespace") or "default"
+    namespace = args.namespace or meta.get("namespace") or DEFAULT_NAMESPACE
     uid = args.uid or meta.get("uid") or config_uid(spec.model_dump(mode="json"))
     try:
         paths = CampaignPaths(namespace, name, uid)

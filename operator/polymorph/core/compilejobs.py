@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from polymorph.api import (
+    API_VERSION,
     TERMINAL_PHASES,
     BuildResult,
     BuildStatus,
@@ -136,7 +137,7 @@ def plan_compilejob(md: ModelDeployment, live: WorkloadProfile, now: datetime) -
         budget=template.budget,
     )
     return {
-        "apiVersion": "polymorph.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "CompileJob",
         "metadata": {
             "name": compilejob_name(md, now),

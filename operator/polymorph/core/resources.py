@@ -24,6 +24,8 @@ from polymorph.api.modeldeployment import ModelSource
 from polymorph.core.hardware import placement
 
 __all__ = [
+    "ANNOTATION_ABORT",
+    "ANNOTATION_APPROVE",
     "LABEL_BUILD",
     "LABEL_COMPILEJOB",
     "LABEL_MANAGED_BY",
@@ -52,6 +54,10 @@ LABEL_COMPILEJOB = "polymorph.dev/compilejob"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "polymorph"
 ANNOTATION_BUILD_ID = "polymorph.dev/build-id"
+ANNOTATION_APPROVE = "polymorph.dev/approve"
+"""``<build id>``: start a ``policy: Manual`` rollout of that build, or resume a Paused one."""
+ANNOTATION_ABORT = "polymorph.dev/abort"
+"""``"true"``: roll the current rollout back to the stable build (the outcome is Aborted)."""
 
 SANDBOX_SPEC_DIR = "/etc/polymorph"
 SANDBOX_SPEC_FILE = f"{SANDBOX_SPEC_DIR}/compilejob.json"
@@ -216,7 +222,7 @@ def serving_deployment(
         "--store", settings.store,
         "--track", track,
         "--model-deployment", md.metadata.name,
-        "--namespace", md.metadata.namespace or "default",
+        "--namespace", md.metadata.key[0],
         "--host", "0.0.0.0",
         "--port", str(engine.port),
         "--device", place.device,

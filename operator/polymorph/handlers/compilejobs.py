@@ -20,80 +20,83 @@ It knows nothing about rollouts or drift.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
-from polymorph.api import TERMINAL_PHASES, CompileJob, CompileJobStatus
+from polymorph.api import (
+    TERMINAL_PHASES,
+    BuildSpec,
+    CompileJob,
+    CompileJobStatus,
+    ModelDeployment,
+    ModelDeploymentStatus,
+)
 from polymorph.clients.kube import CONFIGMAPS, JOBS, MODELDEPLOYMENTS, KubeError, apply
 from polymorph.compile.documents import CampaignResult, Progress
 from polymorph.core import compilejobs
 from polymorph.core.conditions import compilejob_progress, set_progress
+from polymorph.core.patch import JSON, sequenced_patch
 from polymorph.core.resources import sandbox_configmap, sandbox_job
 from polymorph.errors import StoreError
-from polymorph.handlers.context import Context, sequence, sequenced_patch
-from polymorph.handlers.modeldeployments import parse as parse_md
+from polymorph.handlers.bodies import (
+    ObjectRef,
+    RawBody,
+    job_observation,
+    lenient,
+    object_ref,
+    parse_compilejob,
+    parse_modeldeployment,
+    sequence,
+    written_status,
+)
+from polymorph.handlers.context import Context
 from polymorph.handlers.observability import object_log
 from polymorph.store import KeyNotFound, progress_key, result_key
-from polymorph.validate import validate_document
 
-__all__ = ["create", "job_observation", "parse", "progress"]
-
-
-def parse(body: Mapping[str, Any]) -> tuple[CompileJob | None, str]:
-    doc = {k: v for k, v in body.items() if k != "status"}
-    doc["metadata"] = {k: v for k, v in dict(body.get("metadata", {})).items() if k != "managedFields"}
-    obj, _, problems = validate_document(doc)
-    if obj is None or not isinstance(obj, CompileJob):
-        return None, "; ".join(problems) or "the CompileJob is invalid"
-    try:
-        status = CompileJobStatus.model_validate(dict(body.get("status") or {}))
-    except ValidationError:
-        status = CompileJobStatus()
-    return obj.model_copy(update={"status": status}), ""
+__all__ = ["create", "progress"]
 
 
-def _owner_md(cj: CompileJob, ctx: Context) -> Mapping[str, Any] | None:
+def _owner_md(cj: CompileJob, ctx: Context) -> tuple[ObjectRef, ModelDeployment | None] | None:
+    """The CompileJob's ModelDeployment (None when it has none or it is gone): which object it is,
+    and its model (None when its spec is invalid)."""
     if cj.spec.deploymentRef is None:
         return None
-    return ctx.kube.get(MODELDEPLOYMENTS, cj.metadata.namespace or "default", cj.spec.deploymentRef.name)
+    body = ctx.kube.get(MODELDEPLOYMENTS, cj.metadata.key[0], cj.spec.deploymentRef.name)
+    return (object_ref(body), parse_modeldeployment(body)[0]) if body is not None else None
 
 
 def _progress_conditions(
-    body: Mapping[str, Any], ctx: Context, phase: str, reason: str, message: str
-) -> list[Any]:
+    old: CompileJobStatus, generation: int | None, ctx: Context, phase: str, reason: str, message: str
+) -> list[JSON]:
     """The status conditions with Reconciling and Stalled for ``phase`` (kstatus), as JSON."""
-    try:
-        old = CompileJobStatus.model_validate(dict(body.get("status") or {})).conditions
-    except ValidationError:
-        old = []
-    gen = body.get("metadata", {}).get("generation")
-    new = set_progress(old, compilejob_progress(phase, reason, message), ctx.clock(), gen)
+    new = set_progress(old.conditions, compilejob_progress(phase, reason, message), ctx.clock(), generation)
     return [c.model_dump(mode="json", exclude_none=True) for c in new]
 
 
-def _fail(ctx: Context, patch: kopf.Patch, body: Mapping[str, Any], message: str) -> kopf.PermanentError:
+def _fail(ctx: Context, patch: kopf.Patch, body: RawBody, message: str) -> kopf.PermanentError:
+    ref = object_ref(body)
+    old = lenient(CompileJobStatus, body.get("status"))
     patch.status["phase"] = "Failed"
     patch.status["message"] = message
-    patch.status["observedGeneration"] = body.get("metadata", {}).get("generation")
-    patch.status["conditions"] = _progress_conditions(body, ctx, "Failed", "CannotStart", message)
-    ctx.event(body, "CompileJobFailed", message, "Warning")
+    patch.status["observedGeneration"] = ref.generation
+    patch.status["conditions"] = _progress_conditions(
+        old, ref.generation, ctx, "Failed", "CannotStart", message
+    )
+    ctx.event(ref, "CompileJobFailed", message, "Warning")
     return kopf.PermanentError(message)
 
 
-async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> None:
+async def create(body: RawBody, patch: kopf.Patch, ctx: Context) -> None:
     """Write the ConfigMap and the Job of a CompileJob (idempotent: unchanged objects are not rewritten)."""
-    cj, problem = parse(body)
+    cj, problem = parse_compilejob(body)
     if cj is None:
         raise _fail(ctx, patch, body, problem)
     if cj.status is not None and cj.status.phase in TERMINAL_PHASES:
         return
-    md_body = await asyncio.to_thread(_owner_md, cj, ctx)
-    md = parse_md(md_body)[0] if md_body is not None else None
+    owner = await asyncio.to_thread(_owner_md, cj, ctx)
     try:
-        resolved = compilejobs.resolve(cj, md)
+        resolved = compilejobs.resolve(cj, owner[1] if owner is not None else None)
     except ValueError as exc:
         raise _fail(ctx, patch, body, str(exc)) from None
     try:
@@ -107,7 +110,7 @@ async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> No
             f"Job {cj.metadata.name}: {sandboxes} sandbox(es), {cj.spec.budget.maxExperiments} experiments, "
             f"deadline {cj.spec.budget.deadline}, agent {cj.spec.agent.kind}, base {cj.spec.baseBuild}"
         )
-        ctx.event(body, "SandboxJobCreated", message)
+        ctx.event(object_ref(body), "SandboxJobCreated", message)
         object_log(cj.metadata.namespace, cj.metadata.name, "CompileJob").info(
             "sandbox job created", detail=message
         )
@@ -117,30 +120,17 @@ async def create(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> No
         patch.status["observedGeneration"] = cj.metadata.generation
         patch.status["startedAt"] = ctx.clock().isoformat().replace("+00:00", "Z")
         patch.status["conditions"] = _progress_conditions(
-            body, ctx, "Pending", "Pending", "waiting for the sandbox pods"
+            cj.status or CompileJobStatus(),
+            cj.metadata.generation,
+            ctx,
+            "Pending",
+            "Pending",
+            "waiting for the sandbox pods",
         )
 
 
-def job_observation(job: Mapping[str, Any] | None) -> compilejobs.JobObservation:
-    if job is None:
-        return compilejobs.JobObservation(exists=False)
-    status = job.get("status") or {}
-    finished, reason = None, None
-    for cond in status.get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
-            finished, reason = cond["type"], cond.get("reason")
-    return compilejobs.JobObservation(
-        exists=True,
-        active=int(status.get("active") or 0),
-        succeeded=int(status.get("succeeded") or 0),
-        failed=int(status.get("failed") or 0),
-        finished=finished,
-        reason=reason,
-    )
-
-
 def _read_documents(cj: CompileJob, ctx: Context) -> tuple[list[Progress], CampaignResult | None, str]:
-    ns, name, uid = cj.metadata.namespace or "default", cj.metadata.name, cj.metadata.uid or ""
+    (ns, name), uid = cj.metadata.key, cj.metadata.uid or ""
     docs: list[Progress] = []
     for i in range(cj.spec.budget.sandboxes):
         try:
@@ -158,12 +148,12 @@ def _read_documents(cj: CompileJob, ctx: Context) -> tuple[list[Progress], Campa
     return docs, result, ledger
 
 
-async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> str | None:
+async def progress(body: RawBody, patch: kopf.Patch, ctx: Context) -> str | None:
     """Reflect the store's progress and the Job into status; on completion hand the build on."""
-    cj, _problem = parse(body)
+    cj, _problem = parse_compilejob(body)
     if cj is None or cj.status is None or cj.status.phase in TERMINAL_PHASES:
         return cj.status.phase if cj is not None and cj.status is not None else None
-    ns, name = cj.metadata.namespace or "default", cj.metadata.name
+    ns, name = cj.metadata.key
     key, seq = ("CompileJob", ns, name), sequence(body)
     if ctx.fresh.is_stale(key, seq):
         return cj.status.phase
@@ -183,9 +173,8 @@ async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> 
     new = compilejobs.compilejob_status(cj, docs, result, job_observation(job), ledger, now)
     if new.phase != cj.status.phase:
         # First the deployment, then our own status: a failure here retries the whole transition.
-        await _transition(body, cj, new, result, ctx)
-    old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}
-    diff = sequenced_patch(old_doc, new.model_dump(mode="json", exclude_none=True), seq)
+        await _transition(object_ref(body), cj, new, result, ctx)
+    diff = sequenced_patch(written_status(body), new.model_dump(mode="json", exclude_none=True), seq)
     for field_name, value in diff.items():
         patch.status[field_name] = value
     if diff:
@@ -194,13 +183,13 @@ async def progress(body: Mapping[str, Any], patch: kopf.Patch, ctx: Context) -> 
 
 
 async def _transition(
-    body: Mapping[str, Any],
+    ref: ObjectRef,
     cj: CompileJob,
     new: CompileJobStatus,
     result: CampaignResult | None,
     ctx: Context,
 ) -> None:
-    ns = cj.metadata.namespace or "default"
+    ns = cj.metadata.key[0]
     log = object_log(ns, cj.metadata.name, "CompileJob")
     counts = new.experiments
     numbers = (
@@ -216,10 +205,10 @@ async def _transition(
             else "no improvement"
         )
         message = f"{what}; {numbers}; ledger {new.ledgerUri}"
-        ctx.event(body, "CompileJobSucceeded", message)
+        ctx.event(ref, "CompileJobSucceeded", message)
     elif new.phase == "Failed":
         message = f"{new.message}; {numbers}"
-        ctx.event(body, "CompileJobFailed", message, "Warning")
+        ctx.event(ref, "CompileJobFailed", message, "Warning")
     else:
         message = new.message or ""
     log.info("compilejob phase", phase=new.phase, message=message)
@@ -229,26 +218,29 @@ async def _transition(
     md_body = await asyncio.to_thread(ctx.kube.get, MODELDEPLOYMENTS, ns, md_name)
     if md_body is None:
         return
-    last = dict((md_body.get("status") or {}).get("lastCompileJob") or {})
-    md_patch: dict[str, Any] = {}
-    if last.get("name") == cj.metadata.name:
+    md_ref, md_status = object_ref(md_body), lenient(ModelDeploymentStatus, md_body.get("status"))
+    last = md_status.lastCompileJob
+    md_patch: JSON = {}
+    if last is not None and last.name == cj.metadata.name:
         md_patch["lastCompileJob"] = {"phase": new.phase, "reason": new.message}
     candidate = (
         compilejobs.candidate_from_result(result) if new.phase == "Succeeded" and result is not None else None
     )
     if candidate is not None:
         md_patch["candidateBuild"] = candidate.model_dump(mode="json", exclude_none=True)
-        policy = (md_body.get("spec", {}).get("build") or {}).get("policy", "Auto")
+        md = parse_modeldeployment(md_body)[0]
+        # An invalid spec starts no rollout; the Event reads as the default policy would.
+        policy = (md.spec.build if md is not None else BuildSpec()).policy
         then = (
             "rolling out as a canary"
             if policy == "Auto"
             else f"waiting for polymorph.dev/approve={candidate.id}"
         )
-        ctx.event(md_body, "CandidateBuild", f"CompileJob {cj.metadata.name} found {candidate.id}: {then}")
+        ctx.event(md_ref, "CandidateBuild", f"CompileJob {cj.metadata.name} found {candidate.id}: {then}")
     if new.phase in TERMINAL_PHASES:
         reason = "CompileJobSucceeded" if new.phase == "Succeeded" else "CompileJobFailed"
         ctx.event(
-            md_body,
+            md_ref,
             reason,
             f"CompileJob {cj.metadata.name}: {message}",
             "Normal" if new.phase == "Succeeded" else "Warning",

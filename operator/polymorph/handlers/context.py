@@ -3,24 +3,24 @@
 Owns: ``Context`` (passed to kopf as its memo; kopf copies it shallowly per object, so
 everything mutable lives in shared sub-objects), ``Health`` (whether Prometheus answered
 last), ``AnalysisCache`` (the builtin analysis queries run once per interval for the whole
-fleet and shared by every deployment's rollout tick), ``status_patch`` (a JSON merge patch
-that turns one status into another, nulls for removed keys) and ``Context.event`` (a
-core/v1 Event, posted through the Kubernetes seam). It knows nothing about what the handlers decide.
+fleet and shared by every deployment's rollout tick) and ``Context.event`` (a core/v1 Event
+about an ``ObjectRef``, posted through the Kubernetes seam). It knows nothing about what the handlers decide.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from polymorph.clients.kube import EVENTS, Kube, KubeError
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
 from polymorph.core import promql
+from polymorph.core.patch import JSON
 from polymorph.core.promql import DeploymentKey, TrackSamples
+from polymorph.handlers.bodies import ObjectRef
 from polymorph.handlers.observability import OperatorMetrics, object_log
 from polymorph.handlers.settings import OperatorConfig
 from polymorph.store import Store
@@ -31,9 +31,6 @@ __all__ = [
     "Freshness",
     "Health",
     "event_manifest",
-    "sequence",
-    "sequenced_patch",
-    "status_patch",
     "utcnow",
 ]
 
@@ -121,25 +118,6 @@ class Freshness:
         self._locks.pop(key, None)
 
 
-def sequence(body: Mapping[str, Any]) -> int:
-    """The ``status.polymorph.seq`` of a body (0 when never written)."""
-    internal = (body.get("status") or {}).get("polymorph") or {}
-    try:
-        return int(internal.get("seq") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def sequenced_patch(old: Mapping[str, Any], new: dict[str, Any], seq: int) -> dict[str, Any]:
-    """``status_patch(old, new)``, plus ``polymorph.seq = seq + 1`` when anything changes."""
-    new.setdefault("polymorph", {})["seq"] = seq
-    diff = status_patch(old, new)
-    if not diff:
-        return {}
-    new["polymorph"]["seq"] = seq + 1
-    return status_patch(old, new)
-
-
 @dataclass
 class Context:
     """The operator's shared context (kopf's memo)."""
@@ -165,53 +143,31 @@ class Context:
     def active(self, within_s: float) -> bool:
         return time.monotonic() - self.heartbeat[0] <= within_s
 
-    def event(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-        """Post a Kubernetes Event about ``body`` (a decision, with its numbers). A failure is logged, not raised."""
-        doc = event_manifest(body, reason, message, type_, self.clock())
+    def event(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal") -> None:
+        """Post a Kubernetes Event about ``ref`` (a decision, with its numbers). A failure is logged, not raised."""
+        doc = event_manifest(ref, reason, message, type_, self.clock())
         try:
-            self.kube.create(EVENTS, doc["metadata"]["namespace"], doc)
+            self.kube.create(EVENTS, ref.key[0], doc)
         except KubeError as exc:
-            meta = body.get("metadata", {})
-            object_log(meta.get("namespace"), meta.get("name"), str(body.get("kind"))).warning(
+            object_log(ref.namespace, ref.name, str(ref.kind)).warning(
                 "could not post an Event", reason=reason, error=str(exc)
             )
 
 
-def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON merge patch from ``old`` to ``new``: changed keys, and None for keys ``new`` dropped."""
-    old = old or {}
-    patch: dict[str, Any] = {}
-    for key in old:
-        if key not in new:
-            patch[key] = None
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, dict) and isinstance(before, dict):
-            inner = status_patch(before, value)
-            if inner:
-                patch[key] = inner
-        elif value != before:
-            patch[key] = value
-    return patch
-
-
-def event_manifest(
-    body: Mapping[str, Any], reason: str, message: str, type_: str, now: datetime
-) -> dict[str, Any]:
-    """A core/v1 Event about ``body`` (an object with apiVersion, kind and metadata)."""
-    meta = body["metadata"]
+def event_manifest(ref: ObjectRef, reason: str, message: str, type_: str, now: datetime) -> JSON:
+    """A core/v1 Event about the object ``ref`` names."""
     stamp = now.isoformat().replace("+00:00", "Z")
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace") or "default"},
+        "metadata": {"generateName": f"{ref.name}.", "namespace": ref.key[0]},
         "involvedObject": {
-            "apiVersion": body.get("apiVersion"),
-            "kind": body.get("kind"),
-            "name": meta["name"],
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
+            "apiVersion": ref.api_version,
+            "kind": ref.kind,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+            "resourceVersion": ref.resource_version,
         },
         "reason": reason,
         "message": message[:1024],

@@ -23,19 +23,26 @@ import contextlib
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from polymorph.api import TERMINAL_PHASES, ModelDeployment
+from polymorph.api import DEFAULT_NAMESPACE, TERMINAL_PHASES, ModelDeployment
 from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeError
 from polymorph.clients.prometheus import PrometheusUnavailable
 from polymorph.core import promql
 from polymorph.core.compilejobs import drift_decision, plan_compilejob
+from polymorph.core.patch import JSON
 from polymorph.core.promql import DeploymentKey, LiveProfile
+from polymorph.handlers.bodies import (
+    CompileJobIndex,
+    ModelDeploymentIndex,
+    ObjectRef,
+    ParseCache,
+    RawBody,
+    object_ref,
+    parse_modeldeployment,
+)
 from polymorph.handlers.context import Context
-from polymorph.handlers.modeldeployments import parse
 from polymorph.handlers.observability import object_log
 
 __all__ = ["CycleReport", "drift_cycle", "fleet_loop"]
@@ -61,7 +68,7 @@ class CycleReport:
     error: str | None = None
 
 
-def _bodies(index: Any) -> Iterable[Mapping[str, Any]]:
+def _bodies(index: ModelDeploymentIndex | None) -> list[RawBody]:
     if index is None:
         return []
     return [body for key in list(index) for body in index.get(key, ())]
@@ -78,9 +85,9 @@ def _drift_patch(
     reasons: list[str],
     now: datetime,
     interval_s: float,
-) -> dict[str, Any]:
+) -> JSON:
     status = md.status
-    patch: dict[str, Any] = {}
+    patch: JSON = {}
     old_drift = status.drift if status is not None else None
     stale = (
         old_drift is None
@@ -111,14 +118,14 @@ def _drift_patch(
 async def _open(
     ctx: Context,
     md: ModelDeployment,
-    body: Mapping[str, Any],
+    ref: ObjectRef,
     live: LiveProfile,
     score: float,
     reasons: list[str],
     why: str,
     now: datetime,
-) -> dict[str, Any] | None:
-    ns = md.metadata.namespace or "default"
+) -> JSON | None:
+    ns = md.metadata.key[0]
     manifest = plan_compilejob(md, live.profile, now)
     name = manifest["metadata"]["name"]
     log = object_log(ns, md.metadata.name, "ModelDeployment")
@@ -131,14 +138,14 @@ async def _open(
         log.info("CompileJob already exists", compilejob=name)
     ctx.metrics.compilejobs_opened.inc()
     ctx.event(
-        body,
+        ref,
         "DriftDetected",
         f"drift {score:.2f} >= {md.spec.recompile.driftThreshold:g} over {live.requests} requests in {md.spec.recompile.window}: "
         + "; ".join(reasons),
     )
     budget = md.spec.recompile.compile.budget
     ctx.event(
-        body,
+        ref,
         "CompileJobCreated",
         f"CompileJob {name}: base {manifest['spec']['baseBuild']}, {budget.maxExperiments} experiments, {budget.sandboxes} sandbox(es), deadline {budget.deadline} ({why})",
     )
@@ -146,40 +153,26 @@ async def _open(
     return {"lastCompileJob": {"name": name, "phase": "Pending", "reason": why, "createdAt": _iso(now)}}
 
 
-ParseCache = dict[tuple[str, str], tuple[str, ModelDeployment | None]]
-"""``(namespace, name) -> (resourceVersion, parsed object)``: unchanged objects are not re-validated."""
-
-
-def _parse_cached(body: Mapping[str, Any], cache: ParseCache | None) -> ModelDeployment | None:
-    meta = body.get("metadata", {})
-    key, version = (meta.get("namespace", ""), meta.get("name", "")), str(meta.get("resourceVersion", ""))
-    if cache is not None and version and key in cache and cache[key][0] == version:
-        return cache[key][1]
-    md, _ = parse(body)
-    if cache is not None and version:
-        cache[key] = (version, md)
-    return md
-
-
 async def drift_cycle(
-    ctx: Context, deployments: Any, compilejobs: Any, cache: ParseCache | None = None
+    ctx: Context,
+    deployments: ModelDeploymentIndex | None,
+    compilejobs: CompileJobIndex | None,
+    cache: ParseCache | None = None,
 ) -> CycleReport:
     """One fleet-wide drift check (``cache`` keeps parsed deployments between cycles)."""
     start, queries_before = time.perf_counter(), ctx.query.queries
     now = ctx.clock()
-    parsed: list[tuple[ModelDeployment, Mapping[str, Any]]] = []
-    bodies = list(_bodies(deployments))
+    bodies = _bodies(deployments)
     if cache is not None:
-        present = {(b["metadata"].get("namespace", ""), b["metadata"].get("name", "")) for b in bodies}
-        for gone in set(cache) - present:
-            del cache[gone]
+        cache.keep({object_ref(b).key for b in bodies})
+    parsed: list[tuple[ModelDeployment, ObjectRef]] = []
     for body in bodies:
-        md = _parse_cached(body, cache)
+        md = cache.parse(body) if cache is not None else parse_modeldeployment(body)[0]
         if md is not None:
-            parsed.append((md, body))
-    by_window: dict[str, list[tuple[ModelDeployment, Mapping[str, Any]]]] = defaultdict(list)
-    for md, body in parsed:
-        by_window[md.spec.recompile.window].append((md, body))
+            parsed.append((md, object_ref(body)))
+    by_window: dict[str, list[tuple[ModelDeployment, ObjectRef]]] = defaultdict(list)
+    for md, ref in parsed:
+        by_window[md.spec.recompile.window].append((md, ref))
     live: dict[str, dict[DeploymentKey, LiveProfile]] = {}
     try:
         for window in by_window:
@@ -194,18 +187,16 @@ async def drift_cycle(
         seconds = time.perf_counter() - start
         return CycleReport(len(parsed), ctx.query.queries - queries_before, seconds, 0, 0, str(exc))
     running: dict[DeploymentKey, dict[str, str]] = {}
-    for key in list(compilejobs or []):
-        for name, phase in compilejobs.get(key, ()):
-            running.setdefault(key, {})[name] = phase
+    for job_ns, deployment in list(compilejobs or []):
+        for name, phase in compilejobs.get((job_ns, deployment), ()) if compilejobs is not None else ():
+            running.setdefault((job_ns or DEFAULT_NAMESPACE, deployment), {})[name] = phase
     gate = asyncio.Semaphore(_WRITERS)
     opened = written = 0
 
-    async def one(
-        md: ModelDeployment, body: Mapping[str, Any], profiles: dict[DeploymentKey, LiveProfile]
-    ) -> None:
+    async def one(md: ModelDeployment, ref: ObjectRef, profiles: dict[DeploymentKey, LiveProfile]) -> None:
         nonlocal opened, written
-        ns, name = md.metadata.namespace or "default", md.metadata.name
-        patch: dict[str, Any] = {}
+        ns, name = md.metadata.key
+        patch: JSON = {}
         status = md.status
         last = status.lastCompileJob if status is not None else None
         if last is not None and last.name and last.phase not in TERMINAL_PHASES:
@@ -225,7 +216,7 @@ async def drift_cycle(
         patch |= _drift_patch(md, lp, decision.score, decision.reasons, now, ctx.config.drift_interval_s)
         async with gate:
             if decision.open and lp is not None and decision.score is not None:
-                more = await _open(ctx, md, body, lp, decision.score, decision.reasons, decision.why, now)
+                more = await _open(ctx, md, ref, lp, decision.score, decision.reasons, decision.why, now)
                 if more:
                     opened += 1
                     patch |= more
@@ -240,7 +231,7 @@ async def drift_cycle(
                         "could not write drift status", error=str(exc)
                     )
 
-    await asyncio.gather(*(one(md, body, live[md.spec.recompile.window]) for md, body in parsed))
+    await asyncio.gather(*(one(md, ref, live[md.spec.recompile.window]) for md, ref in parsed))
     seconds = time.perf_counter() - start
     report = CycleReport(len(parsed), ctx.query.queries - queries_before, seconds, opened, written)
     ctx.metrics.drift_cycle.observe(seconds)
@@ -248,11 +239,16 @@ async def drift_cycle(
     return report
 
 
-async def fleet_loop(ctx: Context, deployments: Any, compilejobs: Any, stop: asyncio.Event) -> None:
+async def fleet_loop(
+    ctx: Context,
+    deployments: ModelDeploymentIndex | None,
+    compilejobs: CompileJobIndex | None,
+    stop: asyncio.Event,
+) -> None:
     """Run ``drift_cycle`` every ``--drift-interval`` until ``stop`` is set."""
     log = object_log(None, None, "Fleet")
     was_down = False
-    cache: ParseCache = {}
+    cache = ParseCache()
     # Object timers tick every --rollout-interval on the active replica only (kopf pauses them on a
     # standby); without a recent tick there is nothing this replica may decide.
     active_within = max(10.0, 3 * ctx.config.rollout_interval_s)

@@ -5,29 +5,36 @@ weights, start and expected duration, the analysis metrics that had no data, the
 threshold, and each track's desired and ready replicas), ``observe_compilejob`` (after each
 CompileJob tick: experiment counts, the best speedup, and a count of jobs that finished, by
 phase), and ``forget_*`` (a deleted object's series go away with it). The status read is the
-object's status with this tick's merge patch applied, so the gauges never lag a tick behind.
+object's status with this tick's merge patch applied (``bodies.status_after``), so the gauges
+never lag a tick behind.
 
 It decides nothing; it only mirrors status into ``OperatorMetrics``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import datetime
-from typing import Any, get_args
+from typing import get_args
 
-from pydantic import ValidationError
-
-from polymorph.api import TERMINAL_PHASES, JobPhase, ModelDeploymentSpec, RolloutPhase, parse_duration
-from polymorph.core.resources import LABEL_MODEL_DEPLOYMENT, canary_name
+from polymorph.api import (
+    TERMINAL_PHASES,
+    CompileJobStatus,
+    ExperimentCounts,
+    JobPhase,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    RolloutPhase,
+    RolloutStatus,
+    parse_duration,
+)
+from polymorph.core.resources import canary_name
 from polymorph.core.rollout import TERMINAL
+from polymorph.handlers.bodies import DeploymentIndex, indexed
 from polymorph.handlers.observability import OperatorMetrics, drop
 
 __all__ = [
     "expected_rollout_seconds",
     "forget_compilejob",
     "forget_modeldeployment",
-    "merged",
     "observe_compilejob",
     "observe_modeldeployment",
 ]
@@ -37,19 +44,6 @@ JOB_TERMINAL: tuple[str, ...] = tuple(p for p in get_args(JobPhase) if p in TERM
 OUTCOMES: tuple[str, ...] = ("total", "passed", "rejected", "failed", "crashed", "timeout")
 
 
-def merged(status: Mapping[str, Any] | None, patch: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``status`` with the JSON merge patch ``patch`` applied (None removes a key)."""
-    out: dict[str, Any] = dict(status or {})
-    for key, value in (patch or {}).items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def expected_rollout_seconds(spec: ModelDeploymentSpec) -> float:
     """The least time a rollout that passes every analysis takes: each step holds for its pause,
     and at least one analysis interval (the first analysis comes one interval after it settles)."""
@@ -57,50 +51,34 @@ def expected_rollout_seconds(spec: ModelDeploymentSpec) -> float:
     return sum(max(parse_duration(s.pause), interval) for s in spec.rollout.steps)
 
 
-def _timestamp(value: Any) -> float | None:
-    if not value:
-        return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _replicas(deployments: Any, key: tuple[str, str]) -> tuple[int, int]:
+def _replicas(deployments: DeploymentIndex | None, key: tuple[str, str]) -> tuple[int, int]:
     """(desired, ready) replicas of one Deployment in the kopf index (0, 0 when absent)."""
-    if deployments is None:
-        return 0, 0
-    for body in deployments.get(key, ()):
-        spec, status = body.get("spec") or {}, body.get("status") or {}
-        return int(spec.get("replicas") or 0), int(status.get("readyReplicas") or 0)
-    return 0, 0
+    found = indexed(deployments, key)
+    return (found.track.replicas, found.track.ready) if found is not None else (0, 0)
 
 
 def observe_modeldeployment(
-    metrics: OperatorMetrics, body: Mapping[str, Any], status_patch: Mapping[str, Any], deployments: Any
+    metrics: OperatorMetrics,
+    key: tuple[str, str],
+    spec: ModelDeploymentSpec | None,
+    status: ModelDeploymentStatus,
+    deployments: DeploymentIndex | None,
 ) -> None:
-    """Mirror one ModelDeployment's rollout, analysis, drift threshold and replicas into gauges."""
-    meta = body.get("metadata") or {}
-    ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-    status = merged(body.get("status"), status_patch)
-    try:
-        spec = ModelDeploymentSpec.model_validate(body.get("spec") or {})
-    except ValidationError:
-        spec = None  # an invalid spec: its Degraded condition says why; no rollout runs
-    state = status.get("rollout") or {}
-    phase = str(state.get("phase") or "Idle")
+    """Mirror one ModelDeployment's rollout, analysis, drift threshold and replicas into gauges.
+
+    ``status`` is the status after this tick's patch; ``spec`` is None when it is invalid (its
+    Degraded condition says why; no rollout runs)."""
+    ns, name = key
+    state = status.rollout or RolloutStatus()
+    phase = state.phase
     active = phase not in TERMINAL
     for p in PHASES:
         metrics.rollout_phase.labels(ns, name, p).set(1 if p == phase else 0)
-    step = int(state.get("step") or 0)
-    metrics.rollout_step.labels(ns, name).set(step + 1 if active else 0)
-    metrics.rollout_weight.labels(ns, name).set(float(state.get("weight") or 0) if active else 0)
-    metrics.rollout_actual_weight.labels(ns, name).set(float(state.get("actualWeight") or 0))
-    started = _timestamp(state.get("startedAt"))
-    if active and started is not None:
-        metrics.rollout_started.labels(ns, name).set(started)
+    metrics.rollout_step.labels(ns, name).set(state.step + 1 if active else 0)
+    metrics.rollout_weight.labels(ns, name).set(float(state.weight or 0) if active else 0)
+    metrics.rollout_actual_weight.labels(ns, name).set(float(state.actualWeight or 0))
+    if active and state.startedAt is not None:
+        metrics.rollout_started.labels(ns, name).set(state.startedAt.timestamp())
     else:
         drop(metrics.rollout_started, ns, name)
     if spec is not None:
@@ -109,10 +87,8 @@ def observe_modeldeployment(
         metrics.drift_threshold.labels(ns, name).set(spec.recompile.driftThreshold)
     drop(metrics.analysis_nodata, ns, name)
     if phase in ("Progressing", "Paused"):
-        for value in state.get("analysis") or []:
-            metrics.analysis_nodata.labels(ns, name, str(value.get("name"))).set(
-                1 if value.get("value") is None else 0
-            )
+        for value in state.analysis:
+            metrics.analysis_nodata.labels(ns, name, value.name).set(1 if value.value is None else 0)
     for track, deployment in (("stable", name), ("canary", canary_name(name))):
         want, ready = _replicas(deployments, (ns, deployment))
         metrics.serving_replicas.labels(ns, name, track, "desired").set(want)
@@ -126,38 +102,32 @@ def forget_modeldeployment(metrics: OperatorMetrics, namespace: str, name: str) 
         drop(gauge, namespace, name)
 
 
-def _deployment_of(body: Mapping[str, Any]) -> str:
-    spec, meta = body.get("spec") or {}, body.get("metadata") or {}
-    ref = (spec.get("deploymentRef") or {}).get("name")
-    return str(ref or (meta.get("labels") or {}).get(LABEL_MODEL_DEPLOYMENT) or "")
-
-
 def observe_compilejob(
-    metrics: OperatorMetrics, body: Mapping[str, Any], status_patch: Mapping[str, Any]
+    metrics: OperatorMetrics,
+    key: tuple[str, str],
+    deployment: str,
+    before: CompileJobStatus,
+    after: CompileJobStatus,
 ) -> None:
-    """Mirror one CompileJob's experiment counts and best speedup; count it once when it finishes."""
-    meta = body.get("metadata") or {}
-    ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-    md = _deployment_of(body)
+    """Mirror one CompileJob's experiment counts and best speedup; count it once when it finishes.
+
+    ``before`` is the status the body held, ``after`` the status once this tick's patch is applied;
+    ``deployment`` is the ModelDeployment it compiles for ("" for a standalone job)."""
+    ns, name = key
     for phase in JOB_TERMINAL:  # every phase's series exists from 0, so increase() sees the first one
         metrics.compilejobs_finished.labels(ns, phase)
-    before = str((body.get("status") or {}).get("phase") or "Pending")
-    status = merged(body.get("status"), status_patch)
-    after = str(status.get("phase") or "Pending")
-    if after in JOB_TERMINAL and before not in JOB_TERMINAL:
-        metrics.compilejobs_finished.labels(ns, after).inc()
-    counts = status.get("experiments") or {}
+    was, now = before.phase or "Pending", after.phase or "Pending"
+    if now in JOB_TERMINAL and was not in JOB_TERMINAL:
+        metrics.compilejobs_finished.labels(ns, now).inc()
+    counts = after.experiments or ExperimentCounts()
     for outcome in OUTCOMES:
-        metrics.compilejob_experiments.labels(ns, name, md, outcome).set(int(counts.get(outcome) or 0))
-    speedup = (status.get("best") or {}).get("speedup")
-    if speedup is not None:
-        metrics.compilejob_best_speedup.labels(ns, name, md).set(float(speedup))
+        metrics.compilejob_experiments.labels(ns, name, deployment, outcome).set(getattr(counts, outcome))
+    if after.best is not None and after.best.speedup is not None:
+        metrics.compilejob_best_speedup.labels(ns, name, deployment).set(after.best.speedup)
     for phase in get_args(JobPhase):
-        metrics.compilejob_phase.labels(ns, name, md, phase).set(1 if phase == after else 0)
+        metrics.compilejob_phase.labels(ns, name, deployment, phase).set(1 if phase == now else 0)
 
 
-def forget_compilejob(metrics: OperatorMetrics, body: Mapping[str, Any]) -> None:
-    meta = body.get("metadata") or {}
-    ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+def forget_compilejob(metrics: OperatorMetrics, key: tuple[str, str]) -> None:
     for gauge in (metrics.compilejob_experiments, metrics.compilejob_best_speedup, metrics.compilejob_phase):
-        drop(gauge, ns, name)
+        drop(gauge, *key)

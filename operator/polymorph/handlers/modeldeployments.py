@@ -22,10 +22,8 @@ It knows nothing about drift (``fleet``) or sandboxes (``compilejobs``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 import kopf
 
@@ -49,69 +47,39 @@ from polymorph.core.conditions import (
     set_condition,
     set_progress,
 )
-from polymorph.core.resources import ANNOTATION_BUILD_ID, canary_name, serving_deployment, serving_service
-from polymorph.handlers.context import Context, sequence, sequenced_patch
+from polymorph.core.patch import JSON, sequenced_patch
+from polymorph.core.resources import (
+    ANNOTATION_ABORT,
+    ANNOTATION_APPROVE,
+    canary_name,
+    serving_deployment,
+    serving_service,
+)
+from polymorph.handlers.bodies import (
+    DeploymentIndex,
+    ObjectRef,
+    RawBody,
+    ServingDeployment,
+    indexed,
+    lenient,
+    object_ref,
+    parse_modeldeployment,
+    sequence,
+    written_status,
+)
+from polymorph.handlers.context import Context
 from polymorph.handlers.observability import object_log
-from polymorph.validate import validate_document
 
-__all__ = ["ANNOTATION_ABORT", "ANNOTATION_APPROVE", "parse", "tick"]
+__all__ = ["tick"]
 
-ANNOTATION_APPROVE = "polymorph.dev/approve"
-ANNOTATION_ABORT = "polymorph.dev/abort"
 HISTORY = 10
 
 
-def parse(body: Mapping[str, Any]) -> tuple[ModelDeployment | None, str]:
-    """The ModelDeployment (status aside), or None and the one-sentence reason it is invalid."""
-    doc = {k: v for k, v in body.items() if k != "status"}
-    doc["metadata"] = {k: v for k, v in dict(body.get("metadata", {})).items() if k != "managedFields"}
-    obj, _, problems = validate_document(doc)
-    if obj is None or not isinstance(obj, ModelDeployment):
-        return None, "; ".join(problems) or "the ModelDeployment is invalid"
-    try:
-        status = ModelDeploymentStatus.model_validate(dict(body.get("status") or {}))
-    except ValueError:
-        status = ModelDeploymentStatus()
-    return obj.model_copy(update={"status": status}), ""
-
-
-def _track(body: Mapping[str, Any] | None) -> rollout.TrackObservation | None:
-    if body is None:
-        return None
-    spec, status, meta = body.get("spec", {}), body.get("status") or {}, body.get("metadata", {})
-    annotations = spec.get("template", {}).get("metadata", {}).get("annotations", {})
-    replicas = int(spec.get("replicas") or 0)
-    updated = (
-        int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
-        and int(status.get("updatedReplicas") or 0) >= replicas
-    )
-    stuck = next(
-        (
-            f"Deployment {meta.get('name')}: {c.get('message') or 'ProgressDeadlineExceeded'}"
-            for c in status.get("conditions") or []
-            if c.get("type") == "Progressing"
-            and c.get("status") == "False"
-            and c.get("reason") == "ProgressDeadlineExceeded"
-        ),
-        None,
-    )
-    return rollout.TrackObservation(
-        build=annotations.get(ANNOTATION_BUILD_ID, ""),
-        replicas=replicas,
-        ready=int(status.get("readyReplicas") or 0),
-        updated=updated,
-        stuck=stuck,
-    )
-
-
-def _indexed(index: Any, key: tuple[str, str]) -> dict[str, Any] | None:
-    store = index.get(key) if index is not None else None
-    return next(iter(store), None) if store else None
-
-
-def _observation(md: ModelDeployment, now: datetime, active: str, deployments: Any) -> rollout.Observation:
+def _observation(
+    md: ModelDeployment, now: datetime, active: str, deployments: DeploymentIndex | None
+) -> rollout.Observation:
     spec, status = md.spec, md.status or ModelDeploymentStatus()
-    ns, name = md.metadata.namespace or "default", md.metadata.name
+    ns, name = md.metadata.key
     annotations = md.metadata.annotations
     candidate = status.candidateBuild.id if status.candidateBuild is not None else None
     return rollout.Observation(
@@ -124,8 +92,8 @@ def _observation(md: ModelDeployment, now: datetime, active: str, deployments: A
         active=active,
         candidate=None if spec.build.pinned else candidate,
         policy=spec.build.policy,
-        stable=_track(_indexed(deployments, (ns, name))),
-        canary=_track(_indexed(deployments, (ns, canary_name(name)))),
+        stable=_track(indexed(deployments, (ns, name))),
+        canary=_track(indexed(deployments, (ns, canary_name(name)))),
         abort=annotations.get(ANNOTATION_ABORT, "").lower() == "true",
         approved=annotations.get(ANNOTATION_APPROVE),
     )
@@ -134,7 +102,7 @@ def _observation(md: ModelDeployment, now: datetime, active: str, deployments: A
 async def _analysis(md: ModelDeployment, ctx: Context, now: datetime) -> AnalysisRun | None:
     """One analysis run, or None when Prometheus did not answer (no decision on missing numbers)."""
     spec = md.spec.rollout.analysis
-    ns, name = md.metadata.namespace or "default", md.metadata.name
+    ns, name = md.metadata.key
     try:
         tracks = None
         if any(m.builtin for m in spec.metrics):
@@ -152,21 +120,25 @@ async def _analysis(md: ModelDeployment, ctx: Context, now: datetime) -> Analysi
     return run_analysis(spec, tracks, custom, now)
 
 
-async def _ensure_deployment(
-    ctx: Context, current: Mapping[str, Any] | None, desired: dict[str, Any]
-) -> None:
+def _track(deployment: ServingDeployment | None) -> rollout.TrackObservation | None:
+    return deployment.track if deployment is not None else None
+
+
+async def _ensure_deployment(ctx: Context, current: ServingDeployment | None, desired: JSON) -> None:
     wanted = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
-    if current is not None and contains(current, wanted):
+    if current is not None and contains(current.body, wanted):
         return
     await asyncio.to_thread(apply, ctx.kube, DEPLOYMENTS, desired)
 
 
-async def _children(md: ModelDeployment, ctx: Context, tracks: rollout.Tracks, deployments: Any) -> None:
-    ns, name = md.metadata.namespace or "default", md.metadata.name
+async def _children(
+    md: ModelDeployment, ctx: Context, tracks: rollout.Tracks, deployments: DeploymentIndex | None
+) -> None:
+    ns, name = md.metadata.key
     settings = ctx.config.cluster
     stable = serving_deployment(md, "stable", tracks.stable[0], tracks.stable[1], settings)
-    await _ensure_deployment(ctx, _indexed(deployments, (ns, name)), stable)
-    current_canary = _indexed(deployments, (ns, canary_name(name)))
+    await _ensure_deployment(ctx, indexed(deployments, (ns, name)), stable)
+    current_canary = indexed(deployments, (ns, canary_name(name)))
     if tracks.canary is not None:
         canary = serving_deployment(md, "canary", tracks.canary[0], tracks.canary[1], settings)
         await _ensure_deployment(ctx, current_canary, canary)
@@ -259,7 +231,7 @@ def _step_text(state: RolloutStatus, obs: rollout.Observation) -> str | None:
 
 
 def _announce_degraded(
-    ctx: Context, body: Mapping[str, Any], old: ModelDeploymentStatus, new: ModelDeploymentStatus
+    ctx: Context, ref: ObjectRef, old: ModelDeploymentStatus, new: ModelDeploymentStatus
 ) -> None:
     """An Event when Degraded flips, once, not every tick."""
     before, after = find(old.conditions, "Degraded"), find(new.conditions, "Degraded")
@@ -267,39 +239,34 @@ def _announce_degraded(
     if after is None or (after.status == "True") == was:
         return
     if after.status == "True":
-        ctx.event(body, "Degraded", after.message, "Warning")
+        ctx.event(ref, "Degraded", after.message, "Warning")
     elif was:
-        ctx.event(body, "Recovered", f"no longer degraded (was: {before.message if before else ''})")
+        ctx.event(ref, "Recovered", f"no longer degraded (was: {before.message if before else ''})")
 
 
 async def _set_invalid(
-    ctx: Context, body: Mapping[str, Any], patch: kopf.Patch, message: str, now: datetime
+    ctx: Context, ref: ObjectRef, old: ModelDeploymentStatus, patch: kopf.Patch, message: str, now: datetime
 ) -> None:
-    old = (
-        ModelDeploymentStatus.model_validate(dict(body.get("status") or {}))
-        if body.get("status")
-        else ModelDeploymentStatus()
-    )
-    gen = body["metadata"].get("generation")
+    gen = ref.generation
     conditions = set_condition(old.conditions, "Degraded", "True", "InvalidSpec", message, now, gen)
     conditions = set_progress(conditions, Progress(stalled=("InvalidSpec", message)), now, gen)
     if any(find(old.conditions, t) != find(conditions, t) for t in ("Degraded", "Stalled", "Reconciling")):
         patch.status["conditions"] = [c.model_dump(mode="json", exclude_none=True) for c in conditions]
         patch.status["phase"] = "Degraded"
-        patch.status["observedGeneration"] = body["metadata"].get("generation")
-        ctx.event(body, "InvalidSpec", message, "Warning")
+        patch.status["observedGeneration"] = gen
+        ctx.event(ref, "InvalidSpec", message, "Warning")
 
 
 def _effects(
     ctx: Context,
     actions: list[rollout.Action],
-    body: Mapping[str, Any],
+    ref: ObjectRef,
     status: ModelDeploymentStatus,
     now: datetime,
 ) -> None:
     for action in actions:
         if isinstance(action, rollout.Emit):
-            ctx.event(body, action.reason, action.message, action.type)
+            ctx.event(ref, action.reason, action.message, action.type)
         elif isinstance(action, rollout.Promote):
             cand = status.candidateBuild
             base = (
@@ -317,18 +284,19 @@ def _effects(
 
 
 async def tick(
-    body: Mapping[str, Any], patch: kopf.Patch, ctx: Context, deployments: Any, *, first: bool
-) -> str:
-    """One reconcile of a ModelDeployment; returns the rollout phase (for the operator's metrics)."""
-    meta = body["metadata"]
-    log = object_log(meta.get("namespace"), meta.get("name"), "ModelDeployment")
+    body: RawBody, patch: kopf.Patch, ctx: Context, deployments: DeploymentIndex | None, *, first: bool
+) -> ModelDeployment | None:
+    """One reconcile of a ModelDeployment; returns it as parsed (None when its spec is invalid), so
+    what else the tick feeds (the gauges) reads the same model."""
+    ref = object_ref(body)
+    log = object_log(ref.namespace, ref.name, "ModelDeployment")
     now = ctx.clock()
-    md, problem = parse(body)
+    md, problem = parse_modeldeployment(body)
     if md is None:
-        await _set_invalid(ctx, body, patch, problem, now)
+        await _set_invalid(ctx, ref, lenient(ModelDeploymentStatus, body.get("status")), patch, problem, now)
         if first:  # a change handler fails permanently (no retries); the timer just waits for a fix
             raise kopf.PermanentError(problem)
-        return "Invalid"
+        return None
     old = md.status or ModelDeploymentStatus()
     status = old.model_copy(deep=True)
     status.observedGeneration = md.metadata.generation
@@ -342,11 +310,11 @@ async def tick(
     elif status.activeBuild is None or status.activeBuild.id is None:
         status.activeBuild = BuildStatus(id="reference", name="reference", since=now)
     active = status.activeBuild.id or "reference"
-    key, seq = ("ModelDeployment", md.metadata.namespace or "default", md.metadata.name), sequence(body)
+    key, seq = ("ModelDeployment", *md.metadata.key), sequence(body)
     if ctx.fresh.is_stale(key, seq):
         if first:
             await asyncio.to_thread(apply, ctx.kube, SERVICES, serving_service(md))
-        return "Stale"
+        return md
     state = rollout.from_status(old.rollout)
     obs = _observation(md.model_copy(update={"status": status}), now, active, deployments)
     if pinned is None and rollout.analysis_due(state, obs):
@@ -357,7 +325,7 @@ async def tick(
             update={"phase": "Aborted", "message": f"pinned to {pinned}", "finishedAt": now}
         )
     new_state, actions = rollout.step(state, obs) if pinned is None else (state, [])
-    _effects(ctx, actions, body, status, now)
+    _effects(ctx, actions, ref, status, now)
     if any(isinstance(a, rollout.Promote) for a in actions):
         obs = rollout_obs_with(obs, obs.analysis, active=status.activeBuild.id or active)
     tracks = rollout.desired(new_state, obs)
@@ -369,10 +337,9 @@ async def tick(
         raise kopf.TemporaryError(f"could not write the children: {exc}", delay=10) from None
     status.rollout = rollout.to_status(new_state, obs)
     _conditions(md, status, new_state, obs, ctx, now)
-    _announce_degraded(ctx, body, old, status)
+    _announce_degraded(ctx, ref, old, status)
     new_doc = status.model_dump(mode="json", exclude_none=True)
-    old_doc = {k: v for k, v in dict(body.get("status") or {}).items() if k != "kopf"}
-    diff = sequenced_patch(old_doc, new_doc, seq)
+    diff = sequenced_patch(written_status(body), new_doc, seq)
     for field_name, value in diff.items():
         patch.status[field_name] = value
     if diff:
@@ -380,7 +347,7 @@ async def tick(
     for action in actions:
         if isinstance(action, rollout.Emit):
             log.info("rollout decision", reason=action.reason, message=action.message)
-    return new_state.phase
+    return md
 
 
 def rollout_obs_with(

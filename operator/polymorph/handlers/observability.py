@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
-from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from structlog.typing import EventDict, Processor, WrappedLogger
 
 __all__ = ["OperatorMetrics", "configure_logging", "drop", "object_log", "one_line_exception"]
 
 
-def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def _kopf_object(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
     """Lift namespace and name out of a kopf object logger's record."""
     record = event.get("_record")
     ref = getattr(record, "k8s_ref", None) if record is not None else None
@@ -39,7 +38,7 @@ def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMap
     return event
 
 
-def one_line_exception(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def one_line_exception(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
     """An exception in a log line becomes ``"error": "Type: message"`` (one line, at most 300
     characters), never a traceback: a JSON line holds no stack, and no input a client sent is
     echoed at length. ``--log-level debug`` keeps full tracebacks."""
@@ -62,7 +61,7 @@ def one_line_exception(_: Any, __: str, event: MutableMapping[str, Any]) -> Muta
 def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr for structlog and stdlib (kopf) loggers alike; exceptions are one
     ``error`` field (``one_line_exception``) unless ``level`` is ``debug``."""
-    shared: list[Any] = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
@@ -94,7 +93,7 @@ def configure_logging(level: str = "info") -> None:
     )
 
 
-def object_log(namespace: str | None, name: str | None, kind: str) -> Any:
+def object_log(namespace: str | None, name: str | None, kind: str) -> structlog.stdlib.BoundLogger:
     """A logger whose every line names the object."""
     return structlog.get_logger("polymorph.operator").bind(namespace=namespace, name=name, kind=kind)
 

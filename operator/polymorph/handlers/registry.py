@@ -13,19 +13,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from typing import Any, get_args
 
 import kopf
 
-from polymorph.api import TERMINAL_PHASES, RolloutPhase
-from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY
+from polymorph.api import (
+    API_VERSION,
+    TERMINAL_PHASES,
+    CompileJobStatus,
+    ModelDeploymentStatus,
+    RolloutPhase,
+    RolloutStatus,
+)
+from polymorph.core.resources import LABEL_MANAGED_BY, MANAGED_BY
 from polymorph.handlers import compilejobs, fleet, gauges, modeldeployments
+from polymorph.handlers.bodies import (
+    CompileJobIndex,
+    DeploymentIndex,
+    ModelDeploymentIndex,
+    RawBody,
+    ServingDeployment,
+    compilejob_deployment,
+    lenient,
+    object_ref,
+    serving_deployment,
+    status_after,
+)
 from polymorph.handlers.context import Context
 
 __all__ = ["GROUP", "build_registry", "kopf_settings"]
 
-GROUP, VERSION = "polymorph.dev", "v1alpha1"
+GROUP, VERSION = API_VERSION.split("/")
 
 
 def kopf_settings(ctx: Context) -> kopf.OperatorSettings:
@@ -63,7 +81,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
     @kopf.index(*md, id="modeldeployment_index", registry=registry)
     def modeldeployment_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
-    ) -> dict[tuple[str | None, str], Any]:
+    ) -> dict[tuple[str | None, str], RawBody]:
         return {(namespace, name): dict(body)}
 
     @kopf.index(
@@ -76,29 +94,29 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
     )
     def deployment_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
-    ) -> dict[tuple[str | None, str], Any]:
-        return {(namespace, name): dict(body)}
+    ) -> dict[tuple[str | None, str], ServingDeployment]:
+        return {(namespace, name): serving_deployment(body)}
 
     @kopf.index(*cj, id="compilejob_index", registry=registry)
     def compilejob_index(
-        namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, labels: kopf.Labels, **_: Any
+        namespace: str | None, name: str, body: kopf.Body, status: kopf.Status, **_: Any
     ) -> dict[tuple[str | None, str], tuple[str, str]]:
-        ref = (spec.get("deploymentRef") or {}).get("name") or labels.get(LABEL_MODEL_DEPLOYMENT)
-        return {(namespace, ref): (name, status.get("phase") or "Pending")} if ref else {}
+        deployment = compilejob_deployment(body)
+        return {(namespace, deployment): (name, status.get("phase") or "Pending")} if deployment else {}
 
     async def _md_tick(
         body: kopf.Body,
         patch: kopf.Patch,
         memo: Context,
-        deployment_index: kopf.Index[Any, Any] | None,
+        deployment_index: DeploymentIndex | None,
         first: bool,
         handler: str,
     ) -> None:
-        key = ("ModelDeployment", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
+        ref = object_ref(body)
         memo.beat()
         try:
-            async with memo.fresh.lock(key):
-                await modeldeployments.tick(body, patch, memo, deployment_index, first=first)
+            async with memo.fresh.lock(("ModelDeployment", *ref.key)):
+                md = await modeldeployments.tick(body, patch, memo, deployment_index, first=first)
         except kopf.PermanentError:
             memo.metrics.reconciles.labels("ModelDeployment", handler, "invalid").inc()
             raise
@@ -106,7 +124,9 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
             memo.metrics.reconciles.labels("ModelDeployment", handler, "retry").inc()
             raise
         memo.metrics.reconciles.labels("ModelDeployment", handler, "ok").inc()
-        gauges.observe_modeldeployment(memo.metrics, body, patch.status, deployment_index)
+        status = status_after(ModelDeploymentStatus, body, patch.status)
+        spec = md.spec if md is not None else None
+        gauges.observe_modeldeployment(memo.metrics, ref.key, spec, status, deployment_index)
 
     @kopf.on.resume(*md, id="reconcile", registry=registry)
     @kopf.on.create(*md, id="reconcile", registry=registry)
@@ -115,7 +135,7 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         body: kopf.Body,
         patch: kopf.Patch,
         memo: Context,
-        deployment_index: kopf.Index[Any, Any] | None = None,
+        deployment_index: DeploymentIndex | None = None,
         **_: Any,
     ) -> None:
         await _md_tick(body, patch, memo, deployment_index, True, "reconcile")
@@ -127,22 +147,28 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         body: kopf.Body,
         patch: kopf.Patch,
         memo: Context,
-        deployment_index: kopf.Index[Any, Any] | None = None,
+        deployment_index: DeploymentIndex | None = None,
         **_: Any,
     ) -> None:
         await _md_tick(body, patch, memo, deployment_index, False, "rollout")
         _count_phases(memo, modeldeployment_index_ref)
 
-    modeldeployment_index_ref: list[Any] = []
+    modeldeployment_index_ref: list[ModelDeploymentIndex | None] = []
+
+    def _observe_compilejob(body: kopf.Body, patch: kopf.Patch, memo: Context) -> None:
+        before = lenient(CompileJobStatus, body.get("status"))
+        after = status_after(CompileJobStatus, body, patch.status)
+        gauges.observe_compilejob(
+            memo.metrics, object_ref(body).key, compilejob_deployment(body), before, after
+        )
 
     @kopf.on.resume(*cj, id="sandbox", registry=registry)
     @kopf.on.create(*cj, id="sandbox", registry=registry)
     async def compilejob_create(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
-        key = ("CompileJob", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
-        async with memo.fresh.lock(key):
+        async with memo.fresh.lock(("CompileJob", *object_ref(body).key)):
             await compilejobs.create(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "create", "ok").inc()
-        gauges.observe_compilejob(memo.metrics, body, patch.status)
+        _observe_compilejob(body, patch, memo)
 
     def _active(status: kopf.Status, **_: Any) -> bool:
         return status.get("phase") not in TERMINAL_PHASES
@@ -156,27 +182,25 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def compilejob_progress(body: kopf.Body, patch: kopf.Patch, memo: Context, **_: Any) -> None:
-        key = ("CompileJob", body["metadata"].get("namespace") or "default", body["metadata"]["name"])
-        async with memo.fresh.lock(key):
+        async with memo.fresh.lock(("CompileJob", *object_ref(body).key)):
             await compilejobs.progress(body, patch, memo)
         memo.metrics.reconciles.labels("CompileJob", "progress", "ok").inc()
-        gauges.observe_compilejob(memo.metrics, body, patch.status)
+        _observe_compilejob(body, patch, memo)
 
     # optional: no finalizer; a deleted object's series only go away with it.
     @kopf.on.delete(*cj, id="forget", optional=True, registry=registry)
     def compilejob_forget(body: kopf.Body, memo: Context, **_: Any) -> None:
-        gauges.forget_compilejob(memo.metrics, body)
+        gauges.forget_compilejob(memo.metrics, object_ref(body).key)
 
     @kopf.on.delete(*md, id="forget", optional=True, registry=registry)
     def modeldeployment_forget(body: kopf.Body, memo: Context, **_: Any) -> None:
-        meta = body["metadata"]
-        gauges.forget_modeldeployment(memo.metrics, meta.get("namespace") or "default", meta["name"])
+        gauges.forget_modeldeployment(memo.metrics, *object_ref(body).key)
 
     @kopf.on.startup(id="fleet", registry=registry)
     async def start_fleet(
         memo: Context,
-        modeldeployment_index: kopf.Index[Any, Any] | None = None,
-        compilejob_index: kopf.Index[Any, Any] | None = None,
+        modeldeployment_index: ModelDeploymentIndex | None = None,
+        compilejob_index: CompileJobIndex | None = None,
         **_: Any,
     ) -> None:
         modeldeployment_index_ref.append(modeldeployment_index)
@@ -206,19 +230,14 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
     return registry
 
 
-def _count_phases(ctx: Context, index_ref: list[Any]) -> None:
-    if not index_ref:
+def _count_phases(ctx: Context, index_ref: list[ModelDeploymentIndex | None]) -> None:
+    index = index_ref[0] if index_ref else None
+    if index is None:
         return
     counts: dict[str, int] = {}
-    index = index_ref[0]
     for key in list(index):
         for body in index.get(key, ()):
-            phase = _rollout_phase(body)
-            counts[phase] = counts.get(phase, 0) + 1
+            state = lenient(ModelDeploymentStatus, body.get("status")).rollout or RolloutStatus()
+            counts[state.phase] = counts.get(state.phase, 0) + 1
     for phase in get_args(RolloutPhase):
         ctx.metrics.rollouts.labels(phase).set(counts.get(phase, 0))
-
-
-def _rollout_phase(body: Mapping[str, Any]) -> str:
-    state = (body.get("status") or {}).get("rollout") or {}
-    return str(state.get("phase") or "Idle")
