@@ -26,13 +26,14 @@ import jsonschema
 import pytest
 import yaml
 
-from polymorph import kubectl_plugin, measurement
+from polymorph import measurement
 from polymorph.api import ModelDeployment
 from polymorph.cli import build_parser, main
 from polymorph.compile.cli import _rerun
 from polymorph.errors import UsageError
 from polymorph.handlers.settings import from_args
 from polymorph.inputs import Parser
+from polymorph.kubectl_plugin.cli import build_parser as kubectl_plugin_parser
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "crds" / "examples"
@@ -220,7 +221,7 @@ def _operator_seconds(flag: str, dest: str, value: str) -> float:
 
 
 def _kubectl_plugin(value: str) -> float:
-    args = kubectl_plugin.build_parser().parse_args(["get", "md", "chat", f"--interval={value}"])
+    args = kubectl_plugin_parser().parse_args(["get", "md", "chat", f"--interval={value}"])
     return float(args.interval)
 
 

@@ -10,7 +10,8 @@ from typing import Any
 from phases import CANDIDATE, compilejob_phases, deployment_phases
 from rich.console import Console
 
-from polymorph.kubectl_plugin import compilejob_view, deployment_view, ledger_leaderboard, render_tree
+from polymorph.kubectl_plugin.render import render_tree
+from polymorph.kubectl_plugin.view import compilejob_view, deployment_view, ledger_leaderboard
 from polymorph.store import LocalStore, ledger_key
 
 
