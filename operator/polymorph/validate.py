@@ -1,16 +1,11 @@
-"""Checking ModelDeployment and CompileJob manifests, reading YAML safely, and ``polymorph validate``.
+"""Checking ModelDeployment and CompileJob manifests, and ``polymorph validate``.
 
-Owns: reading YAML for the whole trusted package (``load_yaml`` for one document, and the
-multi-document reader behind ``check_text``): duplicate keys are errors, broken YAML is
-reported with its line, and hostile YAML is bounded: a document whose aliases expand past
-``MAX_YAML_NODES`` nodes (a "billion laughs") or that nests deeper than ``MAX_YAML_DEPTH`` is
-refused with a message before anything walks it. Parsing uses libyaml when PyYAML has it, and
-the work is linear in the size of the input (5,730 documents, 5 MB, in a second or two).
-Then: dispatching each document on apiVersion/kind to its model, and translating pydantic
-errors into one line per problem for people: ``spec.rollout.steps[1].weight: must be <= 100``;
-"did you mean" suggestions are made only for short names, never over a large value.
-Spec fields are validated strictly (``replicas: "4"`` is an error, as the API server says).
-It knows nothing about what the operator does with a valid object.
+Owns: dispatching each document (read by ``polymorph.yaml_input``: bounded, duplicate keys
+refused) on apiVersion/kind to its model, and translating pydantic errors into one line per
+problem for people: ``spec.rollout.steps[1].weight: must be <= 100``; "did you mean"
+suggestions are made only for short names, never over a large value. Spec fields are
+validated strictly (``replicas: "4"`` is an error, as the API server says). It knows nothing
+about what the operator does with a valid object.
 
     polymorph validate FILE...    exit 0 when every document is valid, 1 otherwise
 """
@@ -22,7 +17,6 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +35,7 @@ from polymorph.api.common import (
 from polymorph.api.rules import FieldError
 from polymorph.errors import UsageError
 from polymorph.inputs import read_text
+from polymorph.yaml_input import documents, yaml_problem
 
 Resource = ModelDeployment | CompileJob
 KINDS: dict[str, tuple[type[ModelDeployment] | type[CompileJob], type[BaseModel]]] = {
@@ -258,149 +253,8 @@ def _lines(errors: list[ErrorDetails], root: type[BaseModel] | None) -> list[str
 # Documents -> objects
 
 
-MAX_YAML_NODES = 100_000
-"""The most nodes one YAML document may expand to, aliases followed (a manifest has a few hundred)."""
-MAX_YAML_DEPTH = 100
-"""The deepest nesting one YAML document may have."""
 MAX_SUGGEST_LENGTH = 64
 """Names longer than this get no "did you mean" (fuzzy matching is quadratic in length)."""
-
-_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built
-
-
-def _check_expansion(root: yaml.Node) -> None:
-    """Refuse a document whose aliases expand past ``MAX_YAML_NODES`` or that nests past ``MAX_YAML_DEPTH``.
-
-    Linear in the distinct nodes: each node's expanded size is computed once (aliases share
-    node objects), iteratively, so neither size nor depth can exhaust the stack.
-    """
-    sizes: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
-    while stack:
-        node, depth, children_done = stack.pop()
-        key = id(node)
-        if children_done:
-            on_path.discard(key)
-            sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
-            if sizes[key] > MAX_YAML_NODES:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"its aliases expand to more than {MAX_YAML_NODES} nodes; refusing it (write the values out)",
-                    node.start_mark,
-                )
-            continue
-        if key in sizes:
-            continue
-        if key in on_path:
-            raise yaml.constructor.ConstructorError(
-                None, None, "an alias refers to the node that contains it", node.start_mark
-            )
-        if depth > MAX_YAML_DEPTH:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"it nests deeper than {MAX_YAML_DEPTH} levels", node.start_mark
-            )
-        on_path.add(key)
-        stack.append((node, depth, True))
-        stack.extend((child, depth + 1, False) for child in _children(node) if id(child) not in sizes)
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    return []
-
-
-class _Loader(_SafeLoader):  # type: ignore[valid-type,misc]
-    """A safe loader that rejects duplicate keys (the API server's strict decoding does too) and
-    bounds alias expansion and depth before constructing anything.
-
-    Only a text with an anchor (``&``) can hold an alias, so only such a text pays for the walk
-    that bounds expansion; without aliases a document's size is bounded by the text, and nesting
-    too deep for the constructor surfaces as ``RecursionError``, which callers turn into one line.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._may_alias = not isinstance(stream, str) or "&" in stream
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        if self._may_alias:
-            _check_expansion(node)
-        return super().construct_document(node)
-
-
-def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, list | dict | set):
-            raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a plain value", key_node.start_mark
-            )
-        if key in seen:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
-        seen[key] = loader.construct_object(value_node, deep=deep)
-    return seen
-
-
-MAX_NUMBER_DIGITS = 18
-"""The most digits a whole number in a manifest, workload or trace may have (fits 64 bits)."""
-
-
-def bounded_int(text: str) -> int:
-    """``int(text)`` for at most ``MAX_NUMBER_DIGITS`` digits; ``ValueError`` (refused unread) otherwise."""
-    if sum(c.isdigit() for c in text) > MAX_NUMBER_DIGITS:
-        raise ValueError(f"a number with more than {MAX_NUMBER_DIGITS} digits")
-    return int(text)
-
-
-def _int(loader: _Loader, node: yaml.ScalarNode) -> int:
-    text = str(node.value)
-    if sum(c.isdigit() for c in text.replace("_", "")) > MAX_NUMBER_DIGITS:
-        raise yaml.constructor.ConstructorError(
-            None, None, f"a number with more than {MAX_NUMBER_DIGITS} digits is too large", node.start_mark
-        )
-    return int(loader.construct_yaml_int(node))
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-_Loader.add_constructor("tag:yaml.org,2002:int", _int)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    what = f"{context}: {problem}" if context and "duplicate" not in problem else problem
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"invalid YAML{where}: {what}"
-
-
-def _documents(text: str) -> Iterator[Any]:
-    yield from yaml.load_all(text, Loader=_Loader)  # _Loader is a SafeLoader
-
-
-def load_yaml(text: str, source: str) -> Any:
-    """The one YAML (or JSON) document in ``text``, read as ``check_text`` reads manifests.
-
-    Duplicate keys, broken YAML, aliases expanding past ``MAX_YAML_NODES`` and more than one
-    document are a ``UsageError`` that starts with ``source``; an empty text is None.
-    """
-    try:
-        docs = list(_documents(text))
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{source}: {_yaml_problem(exc)}") from None
-    except RecursionError:
-        raise UsageError(f"{source}: invalid YAML: it nests too deeply") from None
-    if len(docs) > 1:
-        raise UsageError(f"{source}: holds {len(docs)} YAML documents; expected one")
-    return docs[0] if docs else None
 
 
 def _label(kind: str, doc: dict[str, Any]) -> str:
@@ -463,10 +317,10 @@ def check_text(text: str, source: str) -> tuple[list[Resource], list[str], list[
     docs: list[Any] = []
     broken = ""
     try:
-        for doc in _documents(text):
+        for doc in documents(text):
             docs.append(doc)
     except yaml.YAMLError as exc:
-        broken = f"{source}: {_yaml_problem(exc)}"
+        broken = f"{source}: {yaml_problem(exc)}"
     except RecursionError:
         broken = f"{source}: invalid YAML: it nests too deeply"
     present = [(i, d) for i, d in enumerate(docs, start=1) if d is not None]
@@ -557,16 +411,11 @@ def run(args: argparse.Namespace) -> int:
 
 __all__ = [
     "KINDS",
-    "MAX_NUMBER_DIGITS",
-    "MAX_YAML_DEPTH",
-    "MAX_YAML_NODES",
-    "bounded_int",
     "check_text",
     "configure",
     "format_path",
     "format_validation_error",
     "load_manifest",
-    "load_yaml",
     "run",
     "validate_document",
 ]

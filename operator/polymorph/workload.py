@@ -10,7 +10,7 @@ loop: every request arrives at offset 0 and at most ``concurrency`` run at once.
 workloads are open loop: each request arrives at its offset.
 
 Workload files: a trace is named ``*.jsonl`` (any case) or is JSON lines whatever its name; any
-other file is a YAML/JSON profile, read with ``polymorph.validate.load_yaml`` (duplicate keys and
+other file is a YAML/JSON profile, read with ``polymorph.yaml_input.load_yaml`` (duplicate keys and
 alias bombs refused) and checked with ``polymorph validate``'s phrasing for field errors.
 
 Trace lines are ``TraceLine`` documents: JSON objects ``{"inputTokens": int >= 1, "outputTokens":
@@ -35,7 +35,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from polymorph.api import Histogram, WorkloadProfile
 from polymorph.errors import UsageError
 from polymorph.inputs import read_text, shown
-from polymorph.validate import MAX_NUMBER_DIGITS, bounded_int, format_validation_error, load_yaml
+from polymorph.validate import format_validation_error
+from polymorph.yaml_input import MAX_NUMBER_DIGITS, bounded_int, load_yaml
 
 __all__ = [
     "DEFAULT_WORKLOAD",

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from polymorph.api import API_VERSION, CompileJob, CompileJobSpec, WorkloadProfile
 from polymorph.errors import UsageError
 from polymorph.inputs import read_text
-from polymorph.validate import load_yaml, validate_document
+from polymorph.validate import validate_document
 from polymorph.workload import DEFAULT_WORKLOAD
+from polymorph.yaml_input import load_yaml
 
 __all__ = ["SPEC_ENV", "read_compilejob", "sandbox_index", "workload_identity"]
 
