@@ -14,10 +14,9 @@ Contract:
   is 408, a body cut short of its Content-Length is 400. Bodies are pydantic models
   (``polymorph_engine.serving.openai_api``), so depth and number size are bounded too, and
   every refusal is the OpenAI-shaped JSON error naming the field (``param``).
-- HTTP itself: a request line or header over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS``
-  headers, is 431, any other request that breaks HTTP 400, both as the OpenAI error JSON
-  (``protocol_refusal``), one log line that never echoes the client's bytes, and a count in
-  ``polymorph_http_protocol_errors_total``. A connection that has not sent a whole request
+- HTTP itself (``serving.http``): a request line or header too large is 431, any other request
+  that breaks HTTP 400, both as the OpenAI error JSON, logged without the client's bytes and
+  counted. A connection that has not sent a whole request
   head within ``IDLE_TIMEOUT_S`` of opening or of its last answer is closed.
 - Load: ``CompletionService`` admits a bounded number of requests; beyond it the answer is
   503 with ``Retry-After``, never a reset or a wait without bound. Every completion request
@@ -39,7 +38,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -48,24 +46,29 @@ from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.client_exceptions import ClientPayloadError
-from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
 
+from polymorph_engine.serving.completion import Completion
+from polymorph_engine.serving.http import (
+    BACKLOG,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    ProtocolRunner,
+    bind,
+    error_response,
+    json_response,
+)
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, parse_completion_request
-from polymorph_engine.serving.service import Completion, CompletionService
+from polymorph_engine.serving.service import CompletionService
 
 __all__ = [
-    "BACKLOG",
     "BODY_TIMEOUT_S",
     "IDLE_TIMEOUT_S",
     "MAX_ADMIN_BODY",
     "MAX_COMPLETION_BODY",
-    "MAX_HEADERS",
-    "MAX_HEADER_BYTES",
     "AdminRoutes",
     "EngineServer",
-    "bind",
     "make_app",
     "make_server",
 ]
@@ -75,14 +78,9 @@ log = logging.getLogger("polymorph_engine.serving")
 MAX_COMPLETION_BODY = 4 * 1024 * 1024
 MAX_ADMIN_BODY = 64 * 1024 * 1024  # admin calls carry build archives
 BODY_TIMEOUT_S = 30.0
-BACKLOG = 2048
-"""Pending connections the kernel queues before accept: far above any burst a pod sees."""
 IDLE_TIMEOUT_S = 15.0
 """A connection must finish a request's headers within this long of opening, or of its last
 answer; an idle or half-sent connection is closed then (aiohttp's own default is an hour)."""
-MAX_HEADER_BYTES = 8190
-"""The longest request line or header field; a longer one, or more than ``MAX_HEADERS``, is 431."""
-MAX_HEADERS = 128
 
 
 class AdminRoutes(Protocol):
@@ -93,15 +91,6 @@ class AdminRoutes(Protocol):
         ...
 
     def ready(self) -> bool: ...
-
-
-def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps(doc), content_type="application/json", headers=headers)
-
-
-def _error(err: RequestError) -> web.Response:
-    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
-    return _json(err.status, err.body(), headers)
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -149,9 +138,9 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         except RequestError as err:
             if request.path == "/v1/completions" and service is not None and not err.counted:
                 service.metrics.request_refused(err.status, err.reason)
-            return _error(err)
+            return error_response(err)
         except web.HTTPNotFound:
-            return _error(
+            return error_response(
                 RequestError(
                     f"there is no endpoint {request.method} {request.path} here.",
                     status=404,
@@ -159,7 +148,9 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
                 )
             )
         except web.HTTPMethodNotAllowed:
-            return _error(RequestError(f"{request.path} does not accept {request.method}.", status=405))
+            return error_response(
+                RequestError(f"{request.path} does not accept {request.method}.", status=405)
+            )
         except web.HTTPException:
             raise
         except Exception as exc:  # an engine bug: one line in the log, an OpenAI-shaped 500 to the client
@@ -167,7 +158,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
             bug = RequestError(f"the engine failed: {type(exc).__name__}: {exc}", status=500, code="internal")
             if request.path == "/v1/completions" and service is not None:
                 service.metrics.request_refused(bug.status, bug.reason)
-            return _error(bug)
+            return error_response(bug)
 
     def the_service() -> CompletionService:
         if service is None:
@@ -177,7 +168,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         return service
 
     async def healthz(_: web.Request) -> web.Response:
-        return _json(200, {"status": "ok"})
+        return json_response(200, {"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
         ready = (service is None or service.ready) and (admin is None or admin.ready())
@@ -192,7 +183,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
                     "writeErrors": trace["write_errors"],
                     "lastError": service.metrics.trace_error,
                 }
-        return _json(200 if ready else 503, body)
+        return json_response(200 if ready else 503, body)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
@@ -211,7 +202,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
             }
             for name in svc.model_names
         ]
-        return _json(200, {"object": "list", "data": data})
+        return json_response(200, {"object": "list", "data": data})
 
     async def completions(request: web.Request) -> web.StreamResponse:
         svc = the_service()
@@ -235,14 +226,14 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         async with contextlib.aclosing(completion.deltas()) as deltas:
             text = "".join([d async for d in deltas])
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": completion.finish_reason}
-        return _json(200, {**head, "choices": [choice], "usage": _usage(params, completion)})
+        return json_response(200, {**head, "choices": [choice], "usage": _usage(params, completion)})
 
     async def admin_call(request: web.Request) -> web.Response:
         if admin is None:
             raise web.HTTPNotFound()
         body = await _read_body(request, MAX_ADMIN_BODY)
         status, doc = await asyncio.to_thread(admin.handle, request.method, request.path, body)
-        return _json(status, doc)
+        return json_response(status, doc)
 
     app = web.Application(middlewares=[errors], client_max_size=MAX_ADMIN_BODY)
     app.router.add_get("/healthz", healthz)
@@ -299,84 +290,6 @@ def _usage(params: CompletionParams, completion: Completion) -> dict[str, int]:
     }
 
 
-def protocol_refusal(exc: BaseException | None) -> RequestError:
-    """What a request that broke HTTP itself gets: 431 for headers too large, else 400.
-
-    The sentence names the limit, never the client's bytes (aiohttp's own messages echo them).
-    """
-    if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
-        return RequestError(
-            f"the request line or headers are too large: at most {MAX_HEADERS} headers of at most "
-            f"{MAX_HEADER_BYTES} bytes each.",
-            status=431,
-            code="headers_too_large",
-        )
-    kind = type(exc).__name__ if exc is not None else "BadHttpMessage"
-    return RequestError(f"the request is not valid HTTP/1.1 ({kind}).", status=400, code="bad_http")
-
-
-class _ProtocolHandler(RequestHandler):
-    """aiohttp's connection handler, with the engine's answer to a request that broke HTTP: the
-    OpenAI error JSON (431 or 400), one log line without the client's bytes, and a count in
-    ``polymorph_http_protocol_errors_total`` (aiohttp's own logs a traceback and answers text)."""
-
-    __slots__ = ()
-
-    def handle_error(
-        self,
-        request: Any,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if status >= 500 or request.writer.output_size > 0:
-            return super().handle_error(request, status, exc, message)
-        err = protocol_refusal(exc)
-        metrics = getattr(self._manager, "protocol_metrics", None)
-        if metrics is not None:
-            metrics.protocol_error(err.reason)
-        log.info("refused a request from %s: %s (%s)", request.remote, err.reason, type(exc).__name__)
-        response = _error(err)
-        response.force_close()
-        return response
-
-
-class _ProtocolServer(web.Server):
-    """Makes ``_ProtocolHandler`` connections; ``protocol_metrics`` counts their refusals."""
-
-    protocol_metrics: Any = None
-
-    def __call__(self) -> RequestHandler:
-        return _ProtocolHandler(self, loop=self._loop, **self._kwargs)
-
-
-class _Runner(web.AppRunner):
-    def __init__(self, app: web.Application, metrics: Any, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self._protocol_metrics = metrics
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _ProtocolServer  # same layout: only __call__ and one class attribute differ
-        server.protocol_metrics = self._protocol_metrics  # type: ignore[attr-defined]
-        return server
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (``OSError`` when it cannot be had)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
 class EngineServer:
     """The aiohttp application on a socket bound at construction, served on its own loop thread."""
 
@@ -410,7 +323,7 @@ class EngineServer:
         failure: list[BaseException] = []
 
         async def setup() -> None:
-            runner = _Runner(
+            runner = ProtocolRunner(
                 make_app(self.service, self.admin),
                 self.service.metrics if self.service is not None else None,
                 handler_cancellation=True,

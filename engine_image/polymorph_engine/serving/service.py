@@ -15,13 +15,8 @@ Contract:
   every request in that batch fails with a message saying the whole batch failed
   (``batch_failed``), the failure is logged once with the build id, requests still waiting
   are kept, and the engine stays ready on a fresh scheduler over the same build.
-- ``Completion(service, params)`` admits one request (raising the refusal above) and
-  ``Completion.deltas()`` yields its text deltas (stop strings applied) on the asyncio loop
-  that admitted it, fills ``finish_reason`` and ``completion_tokens``, and records the
-  request in the metrics (``polymorph_engine.serving.metrics``) and the traffic trace
-  (``polymorph_engine.serving.trace``); the trace keeps lengths and timing, never content.
-  Closing the iterator early, or cancelling the task awaiting it, cancels the request;
-  ``abandon()`` does the same for one whose ``deltas()`` never started.
+- One request's events (``events``: a token, the finish, a failure) go to its sink; a
+  ``completion.Completion`` reads them on the asyncio loop that admitted the request.
 
 It knows nothing about HTTP, JSON or response shapes (``server`` owns those), nor about how a
 build computes, where weights come from or how a build was fetched.
@@ -29,26 +24,25 @@ build computes, where weights come from or how a build was fetched.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import queue
 import threading
 import time
 import traceback
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from polymorph_engine.runtime.sampling import Sampling
 from polymorph_engine.runtime.scheduler import Request, Scheduler
-from polymorph_engine.serving.metrics import RequestObservation, ServerMetrics
-from polymorph_engine.serving.openai_api import CompletionParams, RequestError, TextTokenizer, stop_scan
+from polymorph_engine.serving.events import Event, Failed, Finished, Sink, Token
+from polymorph_engine.serving.metrics import ServerMetrics
+from polymorph_engine.serving.openai_api import RequestError, TextTokenizer
 from polymorph_engine.serving.trace import TraceSampler
 
-__all__ = ["DEFAULT_MAX_QUEUE", "RETRY_AFTER_S", "Completion", "CompletionService"]
+__all__ = ["DEFAULT_MAX_QUEUE", "RETRY_AFTER_S", "CompletionService", "Job"]
 
 log = logging.getLogger("polymorph_engine.serving")
 
@@ -61,30 +55,10 @@ RETRY_AFTER_S = 1
 # --- the engine thread -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Token:
-    token: int
-    at: float
-
-
-@dataclass(frozen=True)
-class _Finished:
-    reason: str  # the scheduler's finish reason
-    at: float
-
-
-@dataclass(frozen=True)
-class _Failed:
-    message: str
-    reason: str  # the reason label the request is counted under
-
-
-_Event = _Token | _Finished | _Failed
-Sink = Callable[[_Event], None]
-
-
 @dataclass(eq=False)
-class _Job:
+class Job:
+    """One admitted request and where its events go."""
+
     request: Request
     sink: Sink
 
@@ -141,7 +115,7 @@ class CompletionService:
     """One scheduler over one hot path, driven by one background thread (continuous batching).
 
     ``submit(prompt_ids, max_tokens, sink)`` admits a job (or raises a 503 ``RequestError``);
-    its sink receives ``_Token``s, then one ``_Finished`` or ``_Failed``, from the engine
+    its sink receives ``Token``s, then one ``Finished`` or ``Failed``, from the engine
     thread. ``cancel(job)`` stops a job early (stop string hit, client gone).
     ``swap(hotpath, build_id)`` waits for the running batch to drain, then serves later
     requests with the new hot path. ``close()`` stops admitting, lets admitted requests finish
@@ -183,9 +157,9 @@ class CompletionService:
         self.steps = 0
         self._hotpath = _Guarded(hotpath, vocab_size)
         self._scheduler = self._new_scheduler()
-        self._inbox: queue.Queue[_Job | _Swap | None] = queue.Queue()
-        self._jobs: dict[Request, _Job] = {}  # in the scheduler (waiting or running)
-        self._live: set[_Job] = set()  # admitted and not yet given their last event
+        self._inbox: queue.Queue[Job | _Swap | None] = queue.Queue()
+        self._jobs: dict[Request, Job] = {}  # in the scheduler (waiting or running)
+        self._live: set[Job] = set()  # admitted and not yet given their last event
         self._accepting = True
         self._stopping = False
         self._lock = threading.RLock()
@@ -214,7 +188,7 @@ class CompletionService:
 
     def submit(
         self, prompt_ids: Sequence[int], max_tokens: int, sink: Sink, sampling: Sampling | None = None
-    ) -> _Job:
+    ) -> Job:
         """Admit one request, or raise a 503 ``RequestError`` at once (see the module contract).
         ``sampling`` None is greedy decoding."""
         with self._lock:
@@ -233,12 +207,12 @@ class CompletionService:
                     code="overloaded",
                     retry_after=RETRY_AFTER_S,
                 )
-            job = _Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens, sampling=sampling), sink)
+            job = Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens, sampling=sampling), sink)
             self._live.add(job)
         self._inbox.put(job)
         return job
 
-    def cancel(self, job: _Job) -> None:
+    def cancel(self, job: Job) -> None:
         self._scheduler.cancel(job.request)
 
     def swap(self, hotpath: Any, build_id: str, timeout_s: float = 600.0) -> Any:
@@ -263,7 +237,7 @@ class CompletionService:
             left = list(self._live)
             self._jobs.clear()
         for job in left:
-            self._deliver(job, _Failed("the engine shut down before this request finished.", "shutting_down"))
+            self._deliver(job, Failed("the engine shut down before this request finished.", "shutting_down"))
         self._scheduler.close()
 
     # -- engine thread only -----------------------------------------------------------------
@@ -271,9 +245,9 @@ class CompletionService:
     def _new_scheduler(self) -> Scheduler:
         return Scheduler(self._hotpath, self.max_batch, self.max_seq_len, self.eos_id, device=self.device)
 
-    def _deliver(self, job: _Job, event: _Event) -> None:
+    def _deliver(self, job: Job, event: Event) -> None:
         """Hand ``event`` to ``job``'s sink; a last event also releases its admission slot."""
-        if not isinstance(event, _Token):
+        if not isinstance(event, Token):
             with self._lock:
                 self._live.discard(job)
         try:
@@ -281,21 +255,21 @@ class CompletionService:
         except Exception as exc:  # a consumer gone (its loop closed) must not stop the engine
             log.debug("dropped an event for a request whose consumer is gone: %s", exc)
 
-    def _admit(self, item: _Job | _Swap | None, pending: list[_Swap]) -> None:
+    def _admit(self, item: Job | _Swap | None, pending: list[_Swap]) -> None:
         if isinstance(item, _Swap):
             pending.append(item)
-        elif isinstance(item, _Job):
+        elif isinstance(item, Job):
             try:
                 self._scheduler.add(item.request)
             except ValueError as exc:  # validated upstream; never let one request stop the thread
-                self._deliver(item, _Failed(f"the scheduler refused the request: {exc}", "build_failed"))
+                self._deliver(item, Failed(f"the scheduler refused the request: {exc}", "build_failed"))
                 return
             with self._lock:
                 self._jobs[item.request] = item
 
     def _run(self) -> None:
         pending: list[_Swap] = []  # swaps wait here until the running batch drains
-        held: list[_Job] = []  # jobs that arrived behind a pending swap
+        held: list[Job] = []  # jobs that arrived behind a pending swap
         while not self._stopping:
             idle = not self._scheduler.has_work()
             try:
@@ -303,7 +277,7 @@ class CompletionService:
             except queue.Empty:
                 item = None
             while item is not None:
-                if pending and isinstance(item, _Job):
+                if pending and isinstance(item, Job):
                     held.append(item)
                 else:
                     self._admit(item, pending)
@@ -356,7 +330,7 @@ class CompletionService:
                 _where(failure),
             )
             message = f"the build failed on this request's prompt: {type(failure).__name__}: {failure}"
-            self._deliver(job, _Failed(message, "build_failed"))
+            self._deliver(job, Failed(message, "build_failed"))
         self._hotpath.failed.clear()
         self.steps += 1
         self.peak_batch = max(self.peak_batch, batch)
@@ -366,7 +340,7 @@ class CompletionService:
             targets = [(self._jobs.get(request), token) for request, token in events]
         for target, token in targets:
             if target is not None:
-                self._deliver(target, _Token(token, now))
+                self._deliver(target, Token(token, now))
 
     def _batch_failed(self, exc: Exception) -> None:
         """Fail every request of the batch that raised; keep the waiting ones on a fresh scheduler."""
@@ -390,12 +364,12 @@ class CompletionService:
             f"({type(exc).__name__}: {exc}); retry it."
         )
         for job in running:
-            self._deliver(job, _Failed(message, "batch_failed"))
+            self._deliver(job, Failed(message, "batch_failed"))
         self._scheduler.close()
         self._scheduler = self._new_scheduler()
         now = time.monotonic()
         for job in finished:
-            self._deliver(job, _Finished(str(job.request.finish_reason), now))
+            self._deliver(job, Finished(str(job.request.finish_reason), now))
         for job in waiting:  # never started: they were not in the batch that failed
             job.request = Request(
                 prompt=job.request.prompt,
@@ -409,94 +383,4 @@ class CompletionService:
         with self._lock:
             done = [self._jobs.pop(r) for r in [r for r in self._jobs if r.done]]
         for job in done:
-            self._deliver(job, _Finished(str(job.request.finish_reason), now))
-
-
-# --- one completion, seen from an asyncio handler ----------------------------------------------
-
-
-class Completion:
-    """One admitted completion; create it on the asyncio loop that will read ``deltas()``.
-
-    Creating it admits the request (``CompletionService.submit``), so a refusal raises here,
-    before any response is started.
-    """
-
-    def __init__(self, service: CompletionService, params: CompletionParams) -> None:
-        self.service = service
-        self.params = params
-        self.finish_reason: str | None = None
-        self.completion_tokens = 0
-        self.arrival = time.monotonic()
-        self._events: asyncio.Queue[_Event] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def sink(event: _Event) -> None:  # called on the engine thread
-            loop.call_soon_threadsafe(self._events.put_nowait, event)
-
-        self._job = service.submit(params.prompt_ids, params.max_tokens, sink, params.sampling)
-        service.metrics.request_started()
-
-    def abandon(self) -> None:
-        """Give up on a completion whose ``deltas()`` never started (its client went away first)."""
-        self.service.cancel(self._job)
-        self.service.metrics.request_finished(
-            RequestObservation(len(self.params.prompt_ids), 0, None, [], "cancelled", "client_gone")
-        )
-
-    async def _next_event(self) -> _Event:
-        while True:
-            try:
-                return await asyncio.wait_for(self._events.get(), timeout=1.0)
-            except TimeoutError:
-                if not self.service.alive:
-                    return _Failed(
-                        "the engine thread stopped before this request finished.", "engine_stopped"
-                    )
-
-    async def deltas(self) -> AsyncGenerator[str, None]:
-        """Yield text deltas; raise a 500 ``RequestError`` when the engine fails this request."""
-        service, params = self.service, self.params
-        ids: list[int] = []  # generated ids that are text (EOS excluded)
-        times: list[float] = []
-        sent = 0
-        status: Literal["ok", "error", "cancelled"] = "cancelled"
-        reason = "client_gone"
-        try:
-            while self.finish_reason is None:
-                event = await self._next_event()
-                if isinstance(event, _Failed):
-                    status, reason = "error", event.reason
-                    raise RequestError(event.message, status=500, code=event.reason, counted=True)
-                if isinstance(event, _Token):
-                    times.append(event.at)
-                    if event.token != service.eos_id:
-                        ids.append(event.token)
-                    if not (params.stream or params.stop):
-                        continue  # nothing to show or check before the end: decode once, then
-                    text = service.tokenizer.decode(ids)
-                    safe, hit = stop_scan(text, params.stop)
-                    if hit:
-                        service.cancel(self._job)
-                        self.finish_reason = "stop"
-                else:
-                    text = service.tokenizer.decode(ids)
-                    safe, hit = stop_scan(text, params.stop)
-                    if not hit:
-                        safe = len(text)
-                    self.finish_reason = "length" if event.reason == "length" else "stop"
-                if safe > sent:
-                    yield text[sent:safe]
-                    sent = safe
-            status, reason = "ok", self.finish_reason
-        finally:
-            if self.finish_reason is None or status != "ok":
-                service.cancel(self._job)
-            self.completion_tokens = len(times)
-            ttft = times[0] - self.arrival if times else None
-            itls = [b - a for a, b in itertools.pairwise(times)]
-            service.metrics.request_finished(
-                RequestObservation(len(params.prompt_ids), len(times), ttft, itls, status, reason)
-            )
-            if status == "ok" and times and service.trace is not None:
-                service.trace.record(len(params.prompt_ids), len(times), self.arrival)
+            self._deliver(job, Finished(str(job.request.finish_reason), now))

@@ -1,0 +1,111 @@
+"""One completion as an async HTTP handler sees it: admitted, then streamed as text deltas.
+
+``Completion(service, params)`` admits one request (a refusal raises ``RequestError`` at once,
+before any response starts), and ``Completion.deltas()`` yields its text deltas (stop strings
+applied) on the asyncio loop that admitted it, fills ``finish_reason`` and
+``completion_tokens``, and records the request in the metrics and the traffic trace (lengths
+and timing, never content). Closing the iterator early, or cancelling the task awaiting it,
+cancels the request; ``abandon()`` does the same for one whose ``deltas()`` never started.
+
+It knows nothing about HTTP, JSON or response shapes (``server`` owns those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncGenerator
+from typing import Literal
+
+from polymorph_engine.serving.events import Event, Failed, Token
+from polymorph_engine.serving.metrics import RequestObservation
+from polymorph_engine.serving.openai_api import CompletionParams, RequestError, stop_scan
+from polymorph_engine.serving.service import CompletionService
+
+__all__ = ["Completion"]
+
+
+class Completion:
+    """One admitted completion; create it on the asyncio loop that will read ``deltas()``.
+
+    Creating it admits the request (``CompletionService.submit``), so a refusal raises here,
+    before any response is started.
+    """
+
+    def __init__(self, service: CompletionService, params: CompletionParams) -> None:
+        self.service = service
+        self.params = params
+        self.finish_reason: str | None = None
+        self.completion_tokens = 0
+        self.arrival = time.monotonic()
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def sink(event: Event) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+        self._job = service.submit(params.prompt_ids, params.max_tokens, sink, params.sampling)
+        service.metrics.request_started()
+
+    def abandon(self) -> None:
+        """Give up on a completion whose ``deltas()`` never started (its client went away first)."""
+        self.service.cancel(self._job)
+        self.service.metrics.request_finished(
+            RequestObservation(len(self.params.prompt_ids), 0, None, [], "cancelled", "client_gone")
+        )
+
+    async def _next_event(self) -> Event:
+        while True:
+            try:
+                return await asyncio.wait_for(self._events.get(), timeout=1.0)
+            except TimeoutError:
+                if not self.service.alive:
+                    return Failed("the engine thread stopped before this request finished.", "engine_stopped")
+
+    async def deltas(self) -> AsyncGenerator[str, None]:
+        """Yield text deltas; raise a 500 ``RequestError`` when the engine fails this request."""
+        service, params = self.service, self.params
+        ids: list[int] = []  # generated ids that are text (EOS excluded)
+        times: list[float] = []
+        sent = 0
+        status: Literal["ok", "error", "cancelled"] = "cancelled"
+        reason = "client_gone"
+        try:
+            while self.finish_reason is None:
+                event = await self._next_event()
+                if isinstance(event, Failed):
+                    status, reason = "error", event.reason
+                    raise RequestError(event.message, status=500, code=event.reason, counted=True)
+                if isinstance(event, Token):
+                    times.append(event.at)
+                    if event.token != service.eos_id:
+                        ids.append(event.token)
+                    if not (params.stream or params.stop):
+                        continue  # nothing to show or check before the end: decode once, then
+                    text = service.tokenizer.decode(ids)
+                    safe, hit = stop_scan(text, params.stop)
+                    if hit:
+                        service.cancel(self._job)
+                        self.finish_reason = "stop"
+                else:
+                    text = service.tokenizer.decode(ids)
+                    safe, hit = stop_scan(text, params.stop)
+                    if not hit:
+                        safe = len(text)
+                    self.finish_reason = "length" if event.reason == "length" else "stop"
+                if safe > sent:
+                    yield text[sent:safe]
+                    sent = safe
+            status, reason = "ok", self.finish_reason
+        finally:
+            if self.finish_reason is None or status != "ok":
+                service.cancel(self._job)
+            self.completion_tokens = len(times)
+            ttft = times[0] - self.arrival if times else None
+            itls = [b - a for a, b in itertools.pairwise(times)]
+            service.metrics.request_finished(
+                RequestObservation(len(params.prompt_ids), len(times), ttft, itls, status, reason)
+            )
+            if status == "ok" and times and service.trace is not None:
+                service.trace.record(len(params.prompt_ids), len(times), self.arrival)
