@@ -161,6 +161,16 @@ def test_each_default_is_declared_once() -> None:
     assert fields["drift_interval_s"].default == DRIFT_INTERVAL.default_value() == 60
 
 
+def test_the_readme_table_shows_each_default() -> None:
+    """The README's table of operator flags states the defaults the settings declare."""
+    rows = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `--")]
+    for setting in SETTINGS:
+        row = next((r for r in rows if f"`{setting.flag}" in r), None)
+        assert row is not None, f"{setting.flag} is missing from the README's table of operator flags"
+        if setting.default and not setting.shown:
+            assert f"`{setting.default}`" in row, (setting.flag, row)
+
+
 def test_the_process_reports_bad_flags_without_a_traceback() -> None:
     done = subprocess.run([sys.executable, "-m", "polymorph.cli", "operator", "--namespace", "a"],
                           capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
