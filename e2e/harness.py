@@ -2,15 +2,21 @@
 
 ``Fleet`` is a context manager that starts, in this order, and stops in reverse:
 
-- the conformant Kubernetes emulator as its own process (``python -m support.k8s_emulator``)
-  with a kubeconfig; only the control plane is emulated;
+- the real Kubernetes control plane (``support.control_plane``: etcd, kube-apiserver with RBAC,
+  kube-controller-manager, kube-scheduler) and its admin kubeconfig;
 - moto's S3 server (``ThreadedMotoServer``) and a bucket for the artifact store;
-- the real Prometheus (Debian's binary), scraping the file_sd targets the executor keeps;
+- the real Prometheus (Debian's binary), scraping the file_sd targets the node agent keeps;
 - the real ``kubectl``: it applies ``crds/``, the namespace and the store Secret (the
   credentials reach pods only through ``secretKeyRef``);
-- the real operator process, ``polymorph operator`` with short intervals;
-- the pod executor (``executor.PodExecutor``), which runs Deployments' and Jobs' pods as
-  local processes of the real engine entrypoints.
+- the real ``helm``: it installs ``charts/polymorph`` watching the namespace, so the chart's
+  ServiceAccount, Role and RoleBinding are the operator's. The chart's own pod has a node
+  selector no node matches: the operator runs here as a process instead;
+- the real operator process, ``polymorph operator`` with short intervals, as the chart's
+  ServiceAccount with a token from the TokenRequest API: RBAC decides every call it makes, and
+  ``operator_requests()`` reads them from the API server's audit log;
+- the node agent (``node_agent.NodeAgent``), a kubelet whose containers are local processes of
+  the real engine entrypoints; the upstream Deployment, ReplicaSet and Job controllers make the
+  pods and the scheduler binds them to it.
 
 With ``E2E_KUBECONFIG`` set, it targets that cluster instead (see e2e/README.md): nothing local
 is started; the cluster must already run the operator (the Helm chart), Prometheus and the
@@ -48,8 +54,11 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from moto.server import ThreadedMotoServer
 
-from executor import Endpoint, FileSD, PodExecutor, free_port
+from executor import Endpoint, FileSD, free_port
+from node_agent import NodeAgent
 from polymorph.store import S3Store, Store, open_store
+from support.control_plane import ControlPlane
+from support.k8s_binaries import helm as helm_binary
 from support.k8s_binaries import kubectl as kubectl_binary
 from support.operator_process import NS, REPO, OperatorProcess
 from support.prometheus import PrometheusServer
@@ -60,6 +69,8 @@ __all__ = ["NS", "REPO", "Fleet", "OperatorProcess", "slowed_build", "wait_for"]
 GROUP, VERSION = "polymorph.dev", "v1alpha1"
 BUCKET = "polymorph-e2e"
 STORE_SECRET = "polymorph-store"
+RELEASE = RELEASE_NS = "polymorph"
+"""The chart's release and its namespace; the ServiceAccount is the release's name."""
 REFERENCE = REPO / "engine_image" / "polymorph_engine" / "builds" / "reference"
 AWS = {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e-secret", "AWS_REGION": "us-east-1"}
 
@@ -147,7 +158,8 @@ class Fleet:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="polymorph-e2e-"))
         self.cluster = os.environ.get("E2E_KUBECONFIG")
         self._stack: list[Callable[[], None]] = []
-        self.executor: PodExecutor | None = None
+        self.node: NodeAgent | None = None
+        self.control_plane: ControlPlane | None = None
         self.operator: OperatorProcess | None = None
         self.prometheus: PrometheusServer | None = None
         self._forwards: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
@@ -183,23 +195,10 @@ class Fleet:
         self._stack.append(self._close_forwards)
 
     def _local(self) -> None:
-        env_py = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "e2e")])}
-        ready, self.kubeconfig = self.workdir / "emulator.json", self.workdir / "kubeconfig"
-        log = (self.workdir / "emulator.log").open("ab")
-        emulator = subprocess.Popen(
-            [sys.executable, "-m", "support.k8s_emulator", "--port", "0", "--ready-file", str(ready),
-             "--kubeconfig", str(self.kubeconfig)],
-            env=env_py, stdout=log, stderr=log, cwd=REPO,
-        )  # fmt: skip
-        log.close()
-
-        def stop_emulator() -> None:
-            emulator.terminate()
-            emulator.wait(timeout=15)
-
-        self._stack.append(stop_emulator)
-        wait_for("the Kubernetes emulator", lambda: ready.exists() or emulator.poll() is not None, 60, 0.1)
-        assert emulator.poll() is None, (self.workdir / "emulator.log").read_text()
+        control_plane = ControlPlane(self.workdir / "control-plane")
+        self.control_plane = control_plane.__enter__()
+        self._stack.append(lambda: control_plane.__exit__(None, None, None))
+        self.kubeconfig = control_plane.kubeconfig
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -230,9 +229,21 @@ class Fleet:
         self.kubectl("create", "namespace", NS)
         literals = [f"--from-literal={k}={v}" for k, v in self.aws.items()]
         self.kubectl("-n", NS, "create", "secret", "generic", STORE_SECRET, *literals)
+        self.kubectl("create", "namespace", RELEASE_NS)
+        self.helm(
+            "install", RELEASE, str(REPO / "charts" / "polymorph"), "-n", RELEASE_NS,
+            "--set-json", f"watchNamespaces={json.dumps([NS])}",
+            "--set-json", 'nodeSelector={"polymorph.dev/e2e": "operator-runs-as-a-process"}',
+            "--set", f"store.uri={self.store_uri}",
+        )  # fmt: skip
+        token = self.kubectl("create", "token", RELEASE, "-n", RELEASE_NS, "--duration=6h").strip()
+        self.operator_user = f"system:serviceaccount:{RELEASE_NS}:{RELEASE}"
+        operator_kubeconfig = control_plane.kubeconfig_with_token(
+            self.workdir / "operator.kubeconfig", token, user=self.operator_user, namespace=NS
+        )
 
         self.operator = OperatorProcess(
-            self.kubeconfig,
+            operator_kubeconfig,
             self.prometheus_url,
             self.store_uri,
             self.workdir / "operator.log",
@@ -243,8 +254,11 @@ class Fleet:
         # The operator's own /metrics too (the chart's dashboard and alerts read its series); no
         # namespace target label, so its series keep the namespace of the object they are about.
         targets.add(f"127.0.0.1:{self.operator.metrics_port}", job="polymorph-operator")
-        self.executor = PodExecutor(self.kubeconfig, [NS], self.workdir, targets).start()
-        self._stack.append(self.executor.close)
+        node = "e2e-node"
+        self.node = NodeAgent(
+            control_plane.node_kubeconfig(node), node, self.workdir, targets=targets
+        ).start()
+        self._stack.append(self.node.close)
 
     # --- tools ----------------------------------------------------------------------------------
 
@@ -257,6 +271,24 @@ class Fleet:
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
+
+    def helm(self, *args: str) -> str:
+        """The real helm against the fleet's API server as the admin; returns stdout."""
+        home = self.workdir / "helm"
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+               "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}  # fmt: skip
+        proc = subprocess.run(
+            [str(helm_binary()), "--kubeconfig", str(self.kubeconfig), *args],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def operator_requests(self) -> list[dict[str, Any]]:
+        """Every request the operator made as the chart's ServiceAccount (audit events, in order)."""
+        assert self.control_plane is not None, "only a local fleet has the API server's audit log"
+        return self.control_plane.audit(self.operator_user)
 
     def apply(self, manifest: dict[str, Any]) -> str:
         return self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
@@ -271,8 +303,8 @@ class Fleet:
                 selector.update(((svc or {}).get("spec") or {}).get("selector") or {})
                 if not selector:
                     return []
-            if self.executor is not None:
-                return self.executor.endpoints(NS, selector)
+            if self.node is not None:
+                return self.node.endpoints(NS, selector)
             return self._forwarded(selector)
 
         return ready
@@ -344,5 +376,10 @@ class Fleet:
     def events(self, name: str) -> list[dict[str, Any]]:
         """Events about object ``name``, in the order they were recorded."""
         items = (self._raw(self.core.list_namespaced_event, NS) or {}).get("items", [])
-        about = [e for e in items if e.get("involvedObject", {}).get("name") == name]
+        about = [
+            e
+            for e in items  # the operator's: a Deployment's Events (its controller's) share the name
+            if e.get("involvedObject", {}).get("name") == name
+            and e["involvedObject"].get("apiVersion", "").startswith(f"{GROUP}/")
+        ]
         return sorted(about, key=lambda e: int(e["metadata"].get("resourceVersion") or 0))

@@ -26,9 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import dashboard
-from harness import Fleet
+from charts.chart_rbac import (
+    audit,
+    audited_calls,
+    documented_unexercised,
+    effective_permissions,
+    forbidden,
+    rbac_table,
+)
+from harness import RELEASE, RELEASE_NS, Fleet
 from scenario import MD, Scenario
 
 pytestmark = pytest.mark.slow
@@ -72,12 +81,26 @@ def test_fleet_loop_promotes_then_rolls_back_a_slower_build(fleet: Fleet) -> Non
     except BaseException:
         if fleet.operator is not None:
             print(fleet.operator.tail(40))
-        if fleet.executor is not None:
-            print("executor errors:", fleet.executor.errors[-5:])
+        if fleet.node is not None:
+            print("node agent errors:", fleet.node.errors[-5:])
         raise
     finally:
         story.close()
     assert time.monotonic() - started < 540, "\n".join(lines)
+    if fleet.control_plane is not None:
+        _rbac_as_used(fleet)
+
+
+def _rbac_as_used(fleet: Fleet) -> None:
+    """The real RBAC authorizer refused the operator nothing over the whole scenario, and the
+    chart grants exactly what it used, except the verbs its table lists as unexercised, each
+    with the reason."""
+    requests = fleet.operator_requests()
+    assert requests and forbidden(requests) == []
+    docs = [d for d in yaml.safe_load_all(fleet.helm("get", "manifest", RELEASE, "-n", RELEASE_NS)) if d]
+    refused, unused = audit(effective_permissions(docs, RELEASE, RELEASE_NS), audited_calls(requests))
+    assert refused == [], refused
+    assert unused == documented_unexercised(rbac_table()), unused
 
 
 def _run(fleet: Fleet, story: Scenario) -> None:

@@ -4,8 +4,11 @@
   that reach a ServiceAccount; ``permits`` answers one API call against them.
 - ``rbac_table()`` reads the table in ``templates/_helpers.tpl`` (``polymorph.rbacTable``), with
   each row's ``unexercised`` verbs and the reason no scenario uses them.
-- ``audit(granted, calls)`` compares recorded API calls (the emulator's access log) with the
-  grants: the calls that were refused, and the granted (verb, group, resource) never used.
+- ``audit(granted, calls)`` compares recorded API calls (the emulator's access log, or the real
+  API server's audit log through ``audited_calls``) with the grants: the calls that were
+  refused, and the granted (verb, group, resource) never used.
+- ``audited_calls(events)`` and ``forbidden(events)``: the real API server's audit events
+  (``audit.k8s.io/v1``) as calls, and those its authorizer refused.
 
 It imports no sibling module, so the operator's integration tests (``charts.chart_rbac``) and the
 chart tests (``chart_rbac``) share it. It knows nothing about helm: it reads rendered documents.
@@ -140,6 +143,26 @@ def documented_unexercised(rows: list[Row]) -> set[Use]:
         )
         out |= {(v, g, r) for (v, g, r) in row.uses() if v in row.unexercised}
     return out
+
+
+def audited_calls(events: list[dict[str, Any]]) -> set[Call]:
+    """The resource requests among the audit events, as RBAC sees them."""
+    out = set()
+    for event in events:
+        ref = event.get("objectRef") or {}
+        if ref.get("resource"):
+            resource = "/".join(filter(None, (ref["resource"], ref.get("subresource"))))
+            out.add(Call(event["verb"], ref.get("apiGroup", ""), resource, ref.get("namespace")))
+    return out
+
+
+def forbidden(events: list[dict[str, Any]]) -> list[str]:
+    """The audit events the authorizer refused, each as ``verb resource: reason``."""
+    return [
+        f"{e['verb']} {(e.get('objectRef') or {}).get('resource')}: {e['annotations'].get('authorization.k8s.io/reason')}"
+        for e in events
+        if (e.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid"
+    ]
 
 
 def audit(granted: set[Permission], calls: set[Call]) -> tuple[list[Call], set[Use]]:

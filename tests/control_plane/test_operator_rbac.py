@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from charts.chart_rbac import Call, audit, effective_permissions
+from charts.chart_rbac import audit, audited_calls, effective_permissions, forbidden
 from support.control_plane import ControlPlane
 from support.k8s_binaries import helm
 from support.operator_process import OperatorProcess
@@ -117,23 +117,8 @@ def test_the_operator_is_denied_nothing_under_the_charts_rbac(
 
     requests = control_plane.audit(username)
     assert requests, f"no audited request of {username}"
-    forbidden = [
-        (e["verb"], e.get("objectRef"), e["annotations"].get("authorization.k8s.io/reason"))
-        for e in requests
-        if e.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid"
-    ]
-    assert forbidden == [], forbidden
-    calls = {
-        Call(
-            e["verb"],
-            e["objectRef"].get("apiGroup", ""),
-            "/".join(filter(None, (e["objectRef"]["resource"], e["objectRef"].get("subresource")))),
-            e["objectRef"].get("namespace"),
-        )
-        for e in requests
-        if e.get("objectRef", {}).get("resource")
-    }
+    assert forbidden(requests) == []
     docs = [d for d in yaml.safe_load_all((tmp_path / "manifest.yaml").read_text()) if d]
-    refused, _unused = audit(effective_permissions(docs, ACCOUNT, home), calls)
+    refused, _unused = audit(effective_permissions(docs, ACCOUNT, home), audited_calls(requests))
     assert refused == [], refused
     assert "Forbidden" not in (tmp_path / "operator.log").read_text()
