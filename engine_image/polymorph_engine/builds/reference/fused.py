@@ -173,7 +173,7 @@ class TorchOps:
 
 
 class TritonOps(TorchOps):
-    """kernels.py for batch <= GEMV_MAX_ROWS; cuBLAS (the torch twin) above it."""
+    """kernels.py and attention_kernels.py for batch <= GEMV_MAX_ROWS; cuBLAS (the torch twin) above it."""
 
     def __init__(
         self,
@@ -185,9 +185,9 @@ class TritonOps(TorchOps):
         residual: str = "projection",
     ) -> None:
         super().__init__(shape, rope, attention)
-        from . import kernels  # optional extra: triton is imported only when this knob value is chosen
+        from . import attention_kernels, kernels  # optional extra: triton only when this knob value is chosen
 
-        self.k = kernels
+        self.k, self.attn = kernels, attention_kernels
         self.gemv, self.tile = gemv, tile
         self.deferred = residual == "norm"  # the step then uses add_norm / linear / silu_linear / logits
 
@@ -236,13 +236,13 @@ class TritonOps(TorchOps):
         self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
         b, nh, d = q.shape
-        splits = self.k.attention_splits(kc.shape[2], b, kc.shape[1], self.k._sm_count(q.device))
+        splits = self.attn.attention_splits(kc.shape[2], b, kc.shape[1], self.k.sm_count(q.device))
         scratch = (
             q.new_empty(b, nh, splits, dtype=torch.float32),
             q.new_empty(b, nh, splits, dtype=torch.float32),
             q.new_empty(b, nh, splits, d, dtype=torch.float32),
         )
-        return self.k.decode_attention(q, kc, vc, slots, lengths, q.new_empty(b, nh * d), scratch)
+        return self.attn.decode_attention(q, kc, vc, slots, lengths, q.new_empty(b, nh * d), scratch)
 
     def head(self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(x):
