@@ -2,12 +2,14 @@
 
 Owns: a ModelDeployment or CompileJob body into its API model (``parse_modeldeployment``,
 ``parse_compilejob``: the spec checked as ``polymorph validate`` checks it, the status read
-leniently), a serving Deployment into what a rollout observes of it (``serving_deployment``),
-a sandbox Job into what a CompileJob's status needs (``job_observation``), a status merged
-with this tick's patch into its model (``status_after``), and which object a body is
-(``object_ref``, for Events, logs and keys). The handlers work on these values; a raw body (``RawBody``, what kopf's own
-signatures carry) goes no further than this module, and the last written manifests kept for
-the idempotent apply.
+leniently; ``ParseCache`` keeps them per resourceVersion), a serving Deployment into what a
+rollout observes of it (``serving_deployment``, what the kopf index keeps), a sandbox Job into
+what a CompileJob's status needs (``job_observation``), a status with this tick's patch
+applied into its model (``status_after``), and which object a body is (``object_ref``, for
+Events, logs and keys). The handlers work on these values. A raw body (``RawBody``, what
+kopf's own signatures carry) goes no further than this module, except as the base of a status
+patch (``written_status``) and a serving Deployment as it was last read (the desired manifest
+is applied only where it differs).
 
 It knows nothing about what the handlers decide.
 """
