@@ -46,7 +46,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv prometheus
+unit: venv prometheus control-plane
 	$(BIN)/pytest -q --durations=25 tests e2e
 
 test: lint typecheck unit
@@ -55,12 +55,12 @@ test: lint typecheck unit
 demo: $(RUN_STAMP)
 	$(BIN)/polymorph compile
 
-# The whole loop (e2e/README.md): emulated control plane, real kubectl, operator, engines, Prometheus, S3 (moto).
-e2e: venv prometheus
+# The whole loop (e2e/README.md): the real control plane, kubectl, helm, operator, engines, Prometheus, S3 (moto).
+e2e: venv prometheus control-plane
 	$(BIN)/pytest -q e2e
 
-# The same scenario, narrated for a person to watch; ends with kubectl get md,cj.
-demo-fleet: venv prometheus
+# The same scenario, narrated for a person to watch; ends with kubectl get md,compilejobs,deploy,jobs,pods.
+demo-fleet: venv prometheus control-plane
 	PYTHONPATH=tests:e2e $(BIN)/python e2e/demo_fleet.py
 
 bench: $(RUN_STAMP)

@@ -1,10 +1,11 @@
 """``make demo-fleet``: the e2e scenario for a person to watch, on embedded defaults.
 
-It runs the same ``Fleet`` and ``Scenario`` as e2e/test_e2e_fleet_loop.py (emulated control
-plane, real kubectl, operator, engines, Prometheus, S3 on moto) and prints the story as it
-happens: traffic shifts, drift scores, CompileJob experiments, canary steps with the analysis
-values beside their thresholds, promotion, then the rollback of a slower build. It ends with
-``kubectl get md,cj`` and exits 0 when every step reached its state (1 otherwise).
+It runs the same ``Fleet`` and ``Scenario`` as e2e/test_e2e_fleet_loop.py (the real control
+plane with RBAC, kubectl, helm, operator, engines, Prometheus, S3 on moto, a node agent) and
+prints the story as it happens: traffic shifts, drift scores, CompileJob experiments, canary
+steps with the analysis values beside their thresholds, promotion, then the rollback of a
+slower build. It ends with ``kubectl get md,compilejobs,deploy,jobs,pods`` and exits 0 when
+every step reached its state (1 otherwise).
 
 ``python e2e/demo_fleet.py [--keep DIR]``: ``--keep`` leaves the logs of every process in DIR.
 """
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"starting the fleet (logs in {workdir})")
     with Fleet(workdir) as fleet:
-        say("control plane, S3, Prometheus, operator and pod executor are up; CRDs applied with kubectl")
+        say("control plane, S3, Prometheus, operator (the chart's ServiceAccount) and node agent are up")
         story = Scenario(fleet, say)
         try:
             story.apply_pinned()
@@ -57,14 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             story.close()
         print()
-        print(f"$ kubectl -n {NS} get md,cj")
-        print(fleet.kubectl("-n", NS, "get", "md,cj", check=False), end="")
         view = "{.status.activeBuild.id}{'  drift '}{.status.drift.score}{': '}{.status.drift.reasons}{'  '}{.status.rollout.phase}"
         print(f"$ kubectl -n {NS} get md {MD} -o jsonpath='{view}'")
         print(fleet.kubectl("-n", NS, "get", "md", MD, "-o", f"jsonpath={view}", check=False))
-        print(f"$ kubectl -n {NS} get deploy,pods -l polymorph.dev/model-deployment={MD}")
-        print(fleet.kubectl("-n", NS, "get", "deploy,pods", "-l", f"polymorph.dev/model-deployment={MD}",
-                            check=False), end="")  # fmt: skip
+        # compilejobs in full: on a real API server the short name cj is CronJob's.
+        kinds = "md,compilejobs,deploy,jobs,pods"
+        print(f"$ kubectl -n {NS} get {kinds}")
+        print(fleet.kubectl("-n", NS, "get", kinds, check=False), end="")
     say("done")
     return return_code
 

@@ -1,77 +1,53 @@
-"""A pod executor for the e2e: the emulator's kubelet and workload controllers, as local processes.
+"""How one pod runs as local processes, for the node agent (``node_agent.py``); never part of the product.
 
-Never part of the product. It stands in for what the Kubernetes emulator does not run: the
-Deployment and Job controllers and the kubelet. Every ``interval`` it lists the Deployments and
-Jobs of the watched namespaces (through the kubernetes client, as a controller's sync loop would)
-and makes local processes match them:
+``LocalPod`` runs one pod's containers in its own folder, as subprocesses of the real
+entrypoints of this checkout (``polymorph`` resolves to the venv's, whatever the image says):
 
-- **Pods** run the containers' ``command + args`` as subprocesses of the real entrypoints of
-  this checkout (``polymorph`` resolves to the venv's, whatever the image says). Init containers
-  run to completion first; an init container with ``restartPolicy: Always`` is a native sidecar,
-  started before the main containers and stopped once they exit.
-- **Translation to a local process**, per pod: ``emptyDir`` volumes become temporary folders shared
-  by the pod's containers, ``configMap``/``secret`` volumes become folders of files read from the
+- **Containers**: ``command + args``; init containers run to completion first; an init
+  container with ``restartPolicy: Always`` is a native sidecar, started before the main
+  containers and stopped once they exit; with ``restartPolicy: Always`` an exited container
+  is started again.
+- **Translation to a local process**: ``emptyDir`` volumes become temporary folders shared by
+  the pod's containers, ``configMap``/``secret`` volumes become folders of files read from the
   API; any argument or env value under a ``mountPath`` is rewritten to the folder. Every port
   the pod names (``containerPort``, ``--port N``) gets a free loopback port, rewritten in
   ``--port N``, ``127.0.0.1:N``/``localhost:N`` and ``--host 0.0.0.0``. Env ``value``,
   ``secretKeyRef``/``configMapKeyRef`` (read from the API when the pod starts, ``optional``
-  honoured) and ``fieldRef`` (namespace, name, podIP) are resolved; Indexed Job pods get
+  honoured) and ``fieldRef`` (namespace, name, podIP) are resolved; an Indexed Job's pod gets
   ``JOB_COMPLETION_INDEX``. Nothing of this process's own environment leaks in beyond ``PATH``
   and ``LANG``: credentials reach a pod only through its spec. ``OMP_NUM_THREADS=1`` stands in
   for a CPU limit of one core per container (the machine is small and shared); ``PYTHONPATH``,
   when set, passes through as part of the "image" (where this checkout's packages are).
-- **Readiness** is the container's ``readinessProbe.httpGet``, polled every second on the mapped port.
-- **Deployments**: ``spec.replicas`` pods of the current template (a hash of it); on a template
-  change new pods start and old ones stop only once the new ones are ready (``maxUnavailable:
-  0``); processes that exit are restarted (``restartPolicy: Always``). Status written back:
-  ``observedGeneration``, ``replicas``, ``updatedReplicas``, ``readyReplicas``,
-  ``availableReplicas``.
-- **Jobs** (``NonIndexed`` or ``Indexed``): up to ``parallelism`` pods until ``completions``
-  succeed, retries up to ``backoffLimit``, ``activeDeadlineSeconds``; status ``active``,
-  ``succeeded``, ``failed``, ``completedIndexes``, ``startTime``, ``completionTime`` and the
-  ``Complete``/``Failed`` conditions.
-- **Pod objects** are created in the API with their phase, Ready condition and podIP, so
-  ``kubectl get pods`` shows them; they are deleted with the process.
-- Objects that disappear (deleted, or garbage-collected through owner references) have their
-  processes stopped (SIGTERM, then SIGKILL after a grace period).
-- **Prometheus**: every pod annotated ``prometheus.io/scrape: "true"`` is a file_sd target at its
-  mapped ``prometheus.io/port``, labelled with ``namespace`` and ``pod`` (as a PodMonitor's
-  relabelling would), kept in the file the Prometheus server watches.
+- **Readiness** is the container's ``readinessProbe.httpGet``, polled every second on the
+  mapped port.
 
-``endpoints(namespace, selector)`` gives the ready pods a Service with that selector would route
-to; the traffic generator sends its requests there. It knows nothing about Polymorph's resources.
+The host of a ``LocalPod`` (``PodHost``: the node agent) gives it a work folder, where the
+entrypoints are, the ConfigMaps and Secrets it reads, and is told of every change of phase or
+readiness. ``FileSD`` is the Prometheus file_sd file of the pods' metrics endpoints;
+``Endpoint`` a ready pod a Service routes to.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
 import itertools
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
 
-__all__ = ["Endpoint", "FileSD", "LocalPod", "PodExecutor", "UnsupportedPod", "free_port"]
+__all__ = ["Endpoint", "FileSD", "LocalPod", "PodHost", "UnsupportedPod", "free_port"]
 
-MERGE = "application/merge-patch+json"
 GRACE_S = 5.0
 PROBE_S = 1.0
 """Seconds between readiness probes of a container (a kubelet's periodSeconds, shortened)."""
@@ -84,8 +60,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+class PodHost(Protocol):
+    """What a ``LocalPod`` needs of the node that runs it."""
+
+    workdir: Path
+    bin_dir: Path
+
+    def read(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def pod_changed(self, pod: LocalPod) -> None: ...
 
 
 class UnsupportedPod(RuntimeError):
@@ -148,7 +131,7 @@ class LocalPod:
 
     def __init__(
         self,
-        executor: PodExecutor,
+        executor: PodHost,
         namespace: str,
         name: str,
         template: dict[str, Any],
@@ -409,348 +392,3 @@ class LocalPod:
 
     def url(self, port: int) -> str:
         return f"http://127.0.0.1:{self.ports.get(port, port)}"
-
-
-@dataclass
-class _Workload:
-    kind: str
-    uid: str
-    pods: list[LocalPod] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
-    started: str | None = None
-    started_mono: float = 0.0
-    succeeded: set[int] = field(default_factory=set)
-    failed: int = 0
-    finished: bool = False
-
-
-def _template_hash(template: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def _indexes(done: set[int]) -> str:
-    """``completedIndexes`` as the Job controller writes it: ``0-2,5``."""
-    out: list[str] = []
-    for i in sorted(done):
-        if out and "-" not in out[-1] and int(out[-1]) == i - 1:
-            out[-1] = f"{out[-1]}-{i}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == i - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{i}"
-        else:
-            out.append(str(i))
-    return ",".join(out)
-
-
-class PodExecutor:
-    """Runs the pods of the Deployments and Jobs in ``namespaces`` as local processes."""
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        namespaces: list[str],
-        workdir: Path,
-        targets: FileSD,
-        interval: float = 0.5,
-        bin_dir: Path | None = None,
-    ) -> None:
-        self.api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        self.core, self.apps, self.batch = (
-            k8s.CoreV1Api(self.api),
-            k8s.AppsV1Api(self.api),
-            k8s.BatchV1Api(self.api),
-        )
-        self.namespaces = namespaces
-        self.workdir = workdir
-        self.targets = targets
-        self.interval = interval
-        self.bin_dir = bin_dir or Path(sys.executable).parent
-        self._workloads: dict[str, _Workload] = {}
-        self._lock = threading.Lock()
-        self._changed = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="pod-executor", daemon=True)
-        self.errors: list[str] = []
-        self.started_pods: list[str] = []
-
-    # --- API --------------------------------------------------------------------------------
-
-    def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        raw = fn(*args, _preload_content=False, **kw)
-        return json.loads(raw.data)
-
-    def read(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
-        fn = {"configmaps": self.core.read_namespaced_config_map, "secrets": self.core.read_namespaced_secret}
-        try:
-            result: dict[str, Any] = self._call(fn[resource], name, namespace)
-            return result
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def pod_changed(self, _pod: LocalPod) -> None:
-        self._changed.set()
-
-    # --- loop --------------------------------------------------------------------------------
-
-    def start(self) -> PodExecutor:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        self._changed.set()
-        self._thread.join(timeout=10)
-        pods = [p for w in self._workloads.values() for p in w.pods]
-        for pod in pods:
-            pod.stop()
-        for pod in pods:
-            pod.join()
-            self._forget_pod(pod)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as exc:  # the API can blip; the next sync repairs, but keep the reason
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                del self.errors[:-20]
-            self._changed.wait(self.interval)
-            self._changed.clear()
-
-    def sync(self) -> None:
-        """One pass: make local pods and API status match every Deployment and Job."""
-        seen: set[str] = set()
-        for ns in self.namespaces:
-            for d in self._call(self.apps.list_namespaced_deployment, ns)["items"]:
-                seen.add(d["metadata"]["uid"])
-                self._deployment(d)
-            for j in self._call(self.batch.list_namespaced_job, ns)["items"]:
-                seen.add(j["metadata"]["uid"])
-                self._job(j)
-        with self._lock:
-            gone = [uid for uid in self._workloads if uid not in seen]
-        for uid in gone:
-            work = self._workloads.pop(uid)
-            for pod in work.pods:
-                self._stop_pod(pod)
-
-    def _new_pod(
-        self, obj: dict[str, Any], work: _Workload, suffix: str, index: int | None, **labels: str
-    ) -> LocalPod:
-        meta = obj["metadata"]
-        owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"],
-                 "controller": True}  # fmt: skip
-        name = f"{meta['name']}-{suffix}-{secrets.token_hex(3)}"
-        template = obj["spec"]["template"]
-        pod = LocalPod(self, meta["namespace"], name, template, owner, index)
-        pod.labels.update(labels)
-        work.pods.append(pod)
-        self.started_pods.append(name)
-        self._create_pod_object(pod)
-        return pod.start()
-
-    def _stop_pod(self, pod: LocalPod) -> None:
-        pod.stop()
-
-        def reap() -> None:
-            pod.join()
-            self._forget_pod(pod)
-
-        threading.Thread(target=reap, daemon=True).start()
-        if pod.metrics_target:
-            self.targets.remove(pod.metrics_target)
-            pod.metrics_target = None
-
-    def _forget_pod(self, pod: LocalPod) -> None:
-        if pod.metrics_target:
-            self.targets.remove(pod.metrics_target)
-            pod.metrics_target = None
-        with contextlib.suppress(ApiException):
-            self.core.delete_namespaced_pod(pod.name, pod.namespace, _preload_content=False)
-
-    # --- pods in the API -------------------------------------------------------------------
-
-    def _create_pod_object(self, pod: LocalPod) -> None:
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels,
-                         "annotations": pod.annotations, "ownerReferences": [pod.owner]},
-            "spec": {**pod.spec, "nodeName": "local"},
-        }  # fmt: skip
-        try:
-            # The client sends a plain dict as the JSON it is (a V1Pod would drop unknown fields).
-            self.core.create_namespaced_pod(pod.namespace, body, _preload_content=False)  # type: ignore[arg-type]
-        except ApiException as exc:
-            self.errors.append(f"pod {pod.name}: {exc.status} {exc.reason}")
-
-    def _pod_status(self, pod: LocalPod) -> None:
-        status = {
-            "phase": pod.phase,
-            "podIP": "127.0.0.1",
-            "message": pod.message or None,
-            "conditions": [{"type": "Ready", "status": "True" if pod.ready else "False"}],
-        }
-        with contextlib.suppress(ApiException):
-            self.core.patch_namespaced_pod_status(
-                pod.name, pod.namespace, {"status": status}, _content_type=MERGE, _preload_content=False
-            )
-
-    def _scrape(self, pod: LocalPod) -> None:
-        """Keep the pod's metrics endpoint in file_sd while it runs."""
-        want = pod.annotations.get("prometheus.io/scrape") == "true" and pod.phase == "Running"
-        if want and pod.metrics_target is None:
-            port = pod.ports.get(int(pod.annotations.get("prometheus.io/port", "0")))
-            if port:
-                pod.metrics_target = f"127.0.0.1:{port}"
-                self.targets.add(pod.metrics_target, namespace=pod.namespace, pod=pod.name)
-        elif not want and pod.metrics_target is not None:
-            self.targets.remove(pod.metrics_target)
-            pod.metrics_target = None
-
-    # --- Deployments -------------------------------------------------------------------------
-
-    def _deployment(self, d: dict[str, Any]) -> None:
-        meta, spec = d["metadata"], d["spec"]
-        with self._lock:
-            work = self._workloads.setdefault(meta["uid"], _Workload("Deployment", meta["uid"]))
-        want = int(spec.get("replicas", 1) or 0)
-        current_hash = _template_hash(spec["template"])
-        for pod in [p for p in work.pods if p.done]:  # failed to start: replaced below
-            self.errors.append(f"pod {pod.name}: {pod.message}")
-            self._stop_pod(pod)
-        work.pods = [p for p in work.pods if not p._stop.is_set()]
-        current = [p for p in work.pods if p.labels.get("pod-template-hash") == current_hash]
-        old = [p for p in work.pods if p not in current]
-        while len(current) < want:
-            current.append(self._new_pod(d, work, current_hash, None, **{"pod-template-hash": current_hash}))
-        for pod in sorted(current, key=lambda p: p.ready)[: max(0, len(current) - want)]:
-            self._stop_pod(pod)
-            current.remove(pod)
-        ready_new = sum(p.ready for p in current)
-        # maxUnavailable 0: an old pod goes only when a new one is ready to take its place.
-        keep_old = max(0, want - ready_new)
-        for pod in sorted(old, key=lambda p: p.ready)[: max(0, len(old) - keep_old)]:
-            self._stop_pod(pod)
-        work.pods = [p for p in work.pods if not p._stop.is_set()]
-        for pod in work.pods:
-            self._scrape(pod)
-            self._sync_pod_object(pod)
-        ready = sum(p.ready for p in work.pods)
-        status = {
-            "observedGeneration": meta.get("generation", 1),
-            "replicas": len(work.pods),
-            "updatedReplicas": len(current),
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "unavailableReplicas": max(0, want - ready),
-        }
-        self._write_status(self.apps.patch_namespaced_deployment_status, d, work, status)
-
-    def _sync_pod_object(self, pod: LocalPod) -> None:
-        seen = (pod.phase, pod.ready)
-        if getattr(pod, "_reported", None) != seen:
-            pod._reported = seen  # type: ignore[attr-defined]
-            self._pod_status(pod)
-
-    def _write_status(self, fn: Any, obj: dict[str, Any], work: _Workload, status: dict[str, Any]) -> None:
-        if status == work.status and all((obj.get("status") or {}).get(k) == v for k, v in status.items()):
-            return
-        meta = obj["metadata"]
-        try:
-            fn(
-                meta["name"],
-                meta["namespace"],
-                {"status": status},
-                _content_type=MERGE,
-                _preload_content=False,
-            )
-            work.status = status
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    # --- Jobs -------------------------------------------------------------------------------
-
-    def _job(self, j: dict[str, Any]) -> None:
-        meta, spec = j["metadata"], j["spec"]
-        with self._lock:
-            work = self._workloads.setdefault(meta["uid"], _Workload("Job", meta["uid"]))
-        if work.finished:
-            return
-        completions = int(spec.get("completions") or 1)
-        parallelism = int(spec.get("parallelism") or 1)
-        indexed = spec.get("completionMode") == "Indexed"
-        if work.started is None:
-            work.started, work.started_mono = _now(), time.monotonic()
-        for pod in [p for p in work.pods if p.done]:
-            if pod.phase == "Succeeded":
-                work.succeeded.add(pod.index if indexed and pod.index is not None else len(work.succeeded))
-            else:
-                work.failed += 1
-            work.pods.remove(pod)
-            self._sync_pod_object(pod)
-            self._stop_pod(pod)
-        condition: dict[str, Any] | None = None
-        deadline = spec.get("activeDeadlineSeconds")
-        if len(work.succeeded) >= completions:
-            condition = {"type": "Complete", "status": "True", "lastTransitionTime": _now()}
-        elif work.failed > int(spec.get("backoffLimit", 6)):
-            condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                         "message": "Job has reached the specified backoff limit", "lastTransitionTime": _now()}  # fmt: skip
-        elif deadline and time.monotonic() - work.started_mono > float(deadline):
-            condition = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-                         "message": "Job was active longer than specified deadline", "lastTransitionTime": _now()}  # fmt: skip
-        elif not spec.get("suspend"):
-            slots = max(0, parallelism - len(work.pods))
-            if indexed:
-                running = {p.index for p in work.pods}
-                todo = [i for i in range(completions) if i not in work.succeeded and i not in running]
-                for i in todo[:slots]:
-                    self._new_pod(j, work, str(i), i)
-            else:
-                for _ in range(min(slots, completions - len(work.succeeded) - len(work.pods))):
-                    self._new_pod(j, work, "x", None)
-        for pod in work.pods:
-            self._sync_pod_object(pod)
-        if condition is not None:
-            for pod in work.pods:
-                self._stop_pod(pod)
-            work.pods = []
-            work.finished = True
-        status: dict[str, Any] = {
-            "startTime": work.started,
-            "active": len(work.pods),
-            "ready": sum(p.ready for p in work.pods),
-            "succeeded": len(work.succeeded),
-            "failed": work.failed,
-        }
-        if indexed:
-            status["completedIndexes"] = _indexes(work.succeeded)
-        if condition is not None:
-            status["conditions"] = [condition]
-            if condition["type"] == "Complete":
-                status["completionTime"] = _now()
-        self._write_status(self.batch.patch_namespaced_job_status, j, work, status)
-
-    # --- Services -----------------------------------------------------------------------------
-
-    def endpoints(self, namespace: str, selector: dict[str, str]) -> list[Endpoint]:
-        """Ready pods whose labels match ``selector``, with the URL of their first container port."""
-        with self._lock:
-            pods = [p for w in self._workloads.values() for p in w.pods]
-        out = []
-        for pod in pods:
-            if pod.namespace != namespace or not pod.ready or pod._stop.is_set():
-                continue
-            if any(pod.labels.get(k) != v for k, v in selector.items()):
-                continue
-            ports = [p for c in pod.spec.get("containers") or [] for p in c.get("ports") or []]
-            if ports:
-                out.append(Endpoint(pod.name, pod.url(int(ports[0]["containerPort"])), dict(pod.labels)))
-        return out
-
-    def pods(self) -> list[LocalPod]:
-        with self._lock:
-            return [p for w in self._workloads.values() for p in w.pods]

@@ -1,8 +1,7 @@
 """A node agent for the real control plane: a kubelet whose containers are local processes.
 
-Never part of the product. Against the emulator, ``executor.PodExecutor`` does the work of the
-workload controllers and of the kubelet. A real control plane (``support.control_plane``) has
-the controllers (Deployment, ReplicaSet, Job, the garbage collector) and lacks only the kubelet;
+Never part of the product. A real control plane (``support.control_plane``) has the workload
+controllers (Deployment, ReplicaSet, Job, the garbage collector) and lacks only the kubelet;
 ``NodeAgent`` is that kubelet:
 
 - It registers a Node (``Ready``, a loopback address, room for many pods) as the kubelet's
@@ -11,7 +10,7 @@ the controllers (Deployment, ReplicaSet, Job, the garbage collector) and lacks o
   the node's Lease in ``kube-node-lease`` every ``LEASE_RENEW_S``, as a kubelet's heartbeat:
   the node lifecycle controller lifts the ``not-ready`` taint, and the scheduler places pods.
 - Every ``interval`` it lists the pods the scheduler bound to it and runs each as local
-  processes with ``executor.LocalPod``, the executor's translation: ``command`` + ``args`` of the
+  processes with ``executor.LocalPod``, its translation: ``command`` + ``args`` of the
   real entrypoints, env (``value``, ``secretKeyRef``, ``configMapKeyRef``, ``fieldRef`` to the
   pod's name, namespace, uid, node, labels and annotations: the Job controller's
   ``JOB_COMPLETION_INDEX`` reads the index annotation), ``emptyDir``, ``configMap`` and
@@ -27,7 +26,8 @@ the controllers (Deployment, ReplicaSet, Job, the garbage collector) and lacks o
   ``deletionGracePeriodSeconds`` run out; then the agent deletes it for good (grace 0), as a
   kubelet confirms a deletion. A pod that is gone from the API has its processes stopped.
 - Each running pod annotated ``prometheus.io/scrape`` is a file_sd target at its mapped
-  ``prometheus.io/port``, labelled with ``namespace`` and ``pod``, as with the executor.
+  ``prometheus.io/port``, labelled with ``namespace`` and ``pod`` (as a PodMonitor's
+  relabelling would), in the file the Prometheus server watches.
 
 ``endpoints(namespace, selector)`` gives the ready pods a Service with that selector routes to.
 It knows nothing about Polymorph's resources.
@@ -94,7 +94,7 @@ class NodePod(LocalPod):
         meta = pod["metadata"]
         index = (meta.get("annotations") or {}).get(_INDEX)
         template = {"metadata": meta, "spec": pod["spec"]}
-        super().__init__(agent, meta["namespace"], meta["name"], template, {}, int(index) if index else None)  # type: ignore[arg-type]
+        super().__init__(agent, meta["namespace"], meta["name"], template, {}, int(index) if index else None)
         self.agent = agent
         self.uid: str = meta["uid"]
         self.grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
