@@ -46,8 +46,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# Both cores: pytest-xdist runs test files on PYTEST_WORKERS processes (a file's tests stay on one,
+# so module-scoped servers start once); --durations lists the slowest tests.
+PYTEST_WORKERS ?= 2
 unit: venv prometheus control-plane
-	$(BIN)/pytest -q --durations=25 tests e2e
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests e2e
 
 test: lint typecheck unit
 	$(BIN)/polymorph crds --check
