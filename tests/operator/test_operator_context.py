@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from polymorph.core.patch import merged, sequenced_patch, status_patch
-from polymorph.handlers.bodies import object_ref, sequence
+from polymorph.handlers.bodies import object_ref, rollout_phase, sequence
 from polymorph.handlers.context import Freshness, event_manifest
 
 
@@ -48,3 +48,12 @@ def test_merge_patch_removes_nulls_and_merges_nested() -> None:
     assert merged({"a": {"b": 1, "c": 2}, "d": 1}, {"a": {"c": None, "e": 3}, "d": None}) == {
         "a": {"b": 1, "e": 3}
     }
+
+
+def test_rollout_phase_reads_status_cheaply_and_retired_phases_as_successors() -> None:
+    assert (
+        rollout_phase({}) == "Idle"
+        and rollout_phase({"status": {"rollout": {"phase": "Paused"}}}) == "Paused"
+    )
+    assert rollout_phase({"status": {"rollout": {"phase": "Promoted"}}}) == "Succeeded"
+    assert rollout_phase({"status": {"rollout": {"phase": ["not", "a", "phase"]}}}) == "Idle"

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import kopf
 from pydantic import BaseModel, ValidationError
 
 from polymorph.api import (
     DEFAULT_NAMESPACE,
+    RETIRED_ROLLOUT_PHASES,
     CompileJob,
     CompileJobStatus,
     ModelDeployment,
     ModelDeploymentStatus,
+    RolloutPhase,
 )
 from polymorph.core.compilejobs import JobObservation
 from polymorph.core.patch import JSON, merged
@@ -51,6 +53,7 @@ __all__ = [
     "object_ref",
     "parse_compilejob",
     "parse_modeldeployment",
+    "rollout_phase",
     "sequence",
     "serving_deployment",
     "status_after",
@@ -221,6 +224,14 @@ def indexed(index: DeploymentIndex | None, key: tuple[str, str]) -> ServingDeplo
     """The Deployment ``key`` names in the index, or None."""
     found = index.get(key) if index is not None else None
     return next(iter(found), None) if found else None
+
+
+def rollout_phase(body: RawBody) -> RolloutPhase:
+    """The rollout phase a ModelDeployment body's status records: Idle when there is none, a retired
+    phase read as its successor. Cheap (no validation of the rest), for counting a whole fleet."""
+    phase = ((body.get("status") or {}).get("rollout") or {}).get("phase")
+    phase = RETIRED_ROLLOUT_PHASES.get(phase, phase) if isinstance(phase, str) else None
+    return next((p for p in get_args(RolloutPhase) if p == phase), "Idle")
 
 
 def compilejob_deployment(body: RawBody) -> str:

@@ -23,7 +23,6 @@ from polymorph.api import (
     CompileJobStatus,
     ModelDeploymentStatus,
     RolloutPhase,
-    RolloutStatus,
 )
 from polymorph.core.resources import LABEL_MANAGED_BY, MANAGED_BY
 from polymorph.handlers import compilejobs, fleet, gauges, modeldeployments
@@ -36,6 +35,7 @@ from polymorph.handlers.bodies import (
     compilejob_deployment,
     lenient,
     object_ref,
+    rollout_phase,
     serving_deployment,
     status_after,
 )
@@ -237,7 +237,7 @@ def _count_phases(ctx: Context, index_ref: list[ModelDeploymentIndex | None]) ->
     counts: dict[str, int] = {}
     for key in list(index):
         for body in index.get(key, ()):
-            state = lenient(ModelDeploymentStatus, body.get("status")).rollout or RolloutStatus()
-            counts[state.phase] = counts.get(state.phase, 0) + 1
+            phase = rollout_phase(body)
+            counts[phase] = counts.get(phase, 0) + 1
     for phase in get_args(RolloutPhase):
         ctx.metrics.rollouts.labels(phase).set(counts.get(phase, 0))
