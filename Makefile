@@ -6,7 +6,7 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv test lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane
+.PHONY: venv test test-fast lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane
 
 venv: $(DEV_STAMP)
 
@@ -51,6 +51,11 @@ typecheck: venv
 PYTEST_WORKERS ?= 2
 unit: venv prometheus control-plane
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests e2e
+
+# The unit and core tests alone (the API and its rules, the operator's pure core, statistics, the
+# store, workloads): under a minute, for the edit-test loop. make test runs everything.
+test-fast: venv
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests/api tests/core tests/stats tests/store tests/workload
 
 test: lint typecheck unit
 	$(BIN)/polymorph crds --check
