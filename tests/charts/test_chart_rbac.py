@@ -2,7 +2,8 @@
 names, and nothing broader (no wildcard, no extra verb, resource or namespace).
 
 Whether the table is exactly what the operator uses is checked against the operator's recorded
-API calls, in tests/operator (test_operator_loop, test_operator_peering); these tests check
+API calls: tests/operator/test_operator_loop, and on the real control plane
+tests/control_plane (test_operator_peering, test_operator_rbac) and the e2e; these tests check
 that the templates put each row where it belongs. ``chart_rbac`` resolves the rendered
 bindings as the API server's authorizer would.
 """

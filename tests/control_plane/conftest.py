@@ -6,6 +6,7 @@
 - ``crds`` (session): the project's CRDs applied with that kubectl and Established.
 - ``namespace`` (function): a fresh namespace, deleted after the test.
 - ``prometheus`` (function): the real Prometheus server (``support.prometheus``), for the operator.
+- ``helm`` (session): the real helm as the admin, ``helm(*args)``; a failure raises with its stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from support.control_plane import ControlPlane, control_plane
+from support.k8s_binaries import helm as helm_binary
 from support.k8s_binaries import kubectl as kubectl_binary
 from support.prometheus import prometheus
 
@@ -42,6 +44,24 @@ def kubectl(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def helm(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}  # fmt: skip
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [str(helm_binary()), "--kubeconfig", str(control_plane.kubeconfig), *args],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
 
     return run
 

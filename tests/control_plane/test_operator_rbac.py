@@ -13,7 +13,6 @@ that the chart's rendered bindings grant.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +24,6 @@ import yaml
 
 from charts.chart_rbac import audit, audited_calls, effective_permissions, forbidden
 from support.control_plane import ControlPlane
-from support.k8s_binaries import helm
 from support.operator_process import OperatorProcess
 from support.prometheus import PrometheusServer
 from support.waiting import wait_for
@@ -46,32 +44,16 @@ def manifest(name: str, namespace: str) -> dict[str, Any]:
 
 @pytest.fixture
 def release(
-    control_plane: ControlPlane, kubectl: Kubectl, crds: None, tmp_path: Path
+    kubectl: Kubectl, helm: Callable[..., str], crds: None, tmp_path: Path
 ) -> Iterator[tuple[str, str]]:
     """(the release namespace, the watched namespace) of a ``helm install`` of the chart."""
     tag = uuid.uuid4().hex[:6]
     home, watched = f"pm-{tag}", f"w-{tag}"
     kubectl("create", "namespace", home)
     kubectl("create", "namespace", watched)
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "HELM_CACHE_HOME": str(tmp_path / "helm-cache"),
-        "HELM_CONFIG_HOME": str(tmp_path / "helm-config"),
-        "HELM_DATA_HOME": str(tmp_path / "helm-data"),
-    }
-    done = subprocess.run(
-        [str(helm()), "install", RELEASE, str(REPO / "charts" / "polymorph"), "--kubeconfig",
-         str(control_plane.kubeconfig), "-n", home, "--set-json", f"watchNamespaces={json.dumps([watched])}",
-         "--wait=false"],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    got = subprocess.run(
-        [str(helm()), "get", "manifest", RELEASE, "--kubeconfig", str(control_plane.kubeconfig), "-n", home],
-        env=env, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    (tmp_path / "manifest.yaml").write_text(got.stdout)
+    chart = str(REPO / "charts" / "polymorph")
+    helm("install", RELEASE, chart, "-n", home, "--set-json", f"watchNamespaces={json.dumps([watched])}")
+    (tmp_path / "manifest.yaml").write_text(helm("get", "manifest", RELEASE, "-n", home))
     yield home, watched
     kubectl("delete", "namespace", home, watched, "--wait=false")
 

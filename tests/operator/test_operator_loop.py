@@ -1,8 +1,9 @@
 """The whole loop through the real operator process, the emulator and a real Prometheus:
 traffic shift -> exactly one CompileJob (cooldown honoured) -> Job -> store progress -> status ->
 success -> canary steps with the right replica counts -> passing analysis -> promotion. Its recorded
-API calls are the measure of the chart's RBAC in a namespaced install (test_operator_peering
-covers the cluster-wide and peering rows)."""
+API calls are the measure of the chart's RBAC in a namespaced install
+(tests/control_plane/test_operator_peering.py covers the cluster-wide and peering rows, on the
+real control plane)."""
 
 from __future__ import annotations
 
