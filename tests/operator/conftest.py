@@ -1,5 +1,6 @@
 """Fixtures of the operator's integration tests: the emulator with the CRDs, a real Prometheus,
-fake engine endpoints it scrapes, a Deployment-readiness stand-in, and the operator process."""
+fake engine endpoints it scrapes, a Deployment-readiness stand-in, and the operator process;
+the real control plane (``control_plane``, session) where a test needs only a working API server."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 import yaml
 from operator_harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
 
+from support.control_plane import control_plane
 from support.k8s_emulator import EmulatorThread
 from support.prometheus import PrometheusServer, prometheus
 
-__all__ = ["prometheus"]
+__all__ = ["control_plane", "prometheus"]
 
 
 @pytest.fixture

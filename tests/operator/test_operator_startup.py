@@ -1,9 +1,9 @@
 """`polymorph operator` at start-up (issue 17): whatever it cannot use is one line naming it, at once.
 
-Each case runs the real operator process against the real API emulator and a real Prometheus,
-with one thing broken: the API server, Prometheus or the store. The process must exit 2 within
-a few seconds (kopf alone retries for about a minute) with exactly one ``error:`` line on stderr
-that names what is wrong, and no traceback.
+Each case runs the real operator process against the real control plane (``support.control_plane``,
+the admin's kubeconfig) and a real Prometheus, with one thing broken: the API server, Prometheus
+or the store. The process must exit 2 within a few seconds (kopf alone retries for about a
+minute) with exactly one ``error:`` line on stderr that names what is wrong, and no traceback.
 """
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from operator_harness import NS, REPO
 
-from support.k8s_emulator import EmulatorThread
+from support.control_plane import ControlPlane
 from support.prometheus import PrometheusServer
 
 FAST_S = 15.0
@@ -53,42 +56,43 @@ def _start(kubeconfig: Path, prometheus_url: str, store: str) -> tuple[int, list
     return done.returncode, done.stderr.strip().splitlines(), took
 
 
-Case = Callable[[Path, EmulatorThread, PrometheusServer], tuple[Path, str, str, list[str]]]
+Case = Callable[[Path, ControlPlane, PrometheusServer], tuple[Path, str, str, list[str]]]
 
 
-def _api_closed(tmp: Path, _: EmulatorThread, prom: PrometheusServer) -> tuple[Path, str, str, list[str]]:
+def _api_closed(tmp: Path, _: ControlPlane, prom: PrometheusServer) -> tuple[Path, str, str, list[str]]:
     server = f"http://127.0.0.1:{_closed_port()}"
     kubeconfig = _kubeconfig_at(tmp / "kubeconfig", server)
     return kubeconfig, prom.url, str(tmp), ["the Kubernetes API server", server, "is unreachable"]
 
 
 def _api_not_resolvable(
-    tmp: Path, _: EmulatorThread, prom: PrometheusServer
+    tmp: Path, _: ControlPlane, prom: PrometheusServer
 ) -> tuple[Path, str, str, list[str]]:
     server = "http://no-such-host.invalid:6443"
     kubeconfig = _kubeconfig_at(tmp / "kubeconfig", server)
     return kubeconfig, prom.url, str(tmp), ["the Kubernetes API server", server, "is unreachable"]
 
 
-def _prometheus_closed(
-    tmp: Path, api: EmulatorThread, _: PrometheusServer
-) -> tuple[Path, str, str, list[str]]:
+def _prometheus_closed(tmp: Path, api: ControlPlane, _: PrometheusServer) -> tuple[Path, str, str, list[str]]:
     url = f"http://127.0.0.1:{_closed_port()}"
-    return api.kubeconfig(tmp / "kubeconfig"), url, str(tmp), [f"Prometheus at {url} is unreachable"]
+    return api.kubeconfig, url, str(tmp), [f"Prometheus at {url} is unreachable"]
 
 
-def _not_prometheus(tmp: Path, api: EmulatorThread, _: PrometheusServer) -> tuple[Path, str, str, list[str]]:
-    # The API emulator answers HTTP, but not as Prometheus does.
-    return (
-        api.kubeconfig(tmp / "kubeconfig"),
-        api.url,
-        str(tmp),
-        [api.url, "does not answer as Prometheus does"],
-    )
+def _not_prometheus(tmp: Path, api: ControlPlane, _: PrometheusServer) -> tuple[Path, str, str, list[str]]:
+    # A plain file server answers HTTP, but not as Prometheus does.
+    url = _file_server(tmp)
+    return api.kubeconfig, url, str(tmp), [url, "does not answer as Prometheus does"]
+
+
+def _file_server(folder: Path) -> str:
+    """An HTTP server of ``folder`` on a loopback port, for the rest of the test process."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def _store_read_only(
-    tmp: Path, api: EmulatorThread, prom: PrometheusServer
+    tmp: Path, api: ControlPlane, prom: PrometheusServer
 ) -> tuple[Path, str, str, list[str]]:
     if os.geteuid() == 0:  # root writes through file modes; /proc refuses everyone
         store = Path("/proc/polymorph-store")
@@ -96,21 +100,19 @@ def _store_read_only(
         store = tmp / "read-only"
         store.mkdir()
         store.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    return api.kubeconfig(tmp / "kubeconfig"), prom.url, str(store), [f"--store {store} is not writable"]
+    return api.kubeconfig, prom.url, str(store), [f"--store {store} is not writable"]
 
 
 def _store_is_a_file(
-    tmp: Path, api: EmulatorThread, prom: PrometheusServer
+    tmp: Path, api: ControlPlane, prom: PrometheusServer
 ) -> tuple[Path, str, str, list[str]]:
     store = tmp / "a-file"
     store.write_text("not a folder")
-    return api.kubeconfig(tmp / "kubeconfig"), prom.url, str(store), [f"--store {store} is not writable"]
+    return api.kubeconfig, prom.url, str(store), [f"--store {store} is not writable"]
 
 
-def _store_relative(
-    tmp: Path, api: EmulatorThread, prom: PrometheusServer
-) -> tuple[Path, str, str, list[str]]:
-    return api.kubeconfig(tmp / "kubeconfig"), prom.url, "builds", ["--store 'builds' is a relative path"]
+def _store_relative(tmp: Path, api: ControlPlane, prom: PrometheusServer) -> tuple[Path, str, str, list[str]]:
+    return api.kubeconfig, prom.url, "builds", ["--store 'builds' is a relative path"]
 
 
 @pytest.mark.parametrize(
@@ -126,21 +128,14 @@ def _store_relative(
     ],
 )
 def test_start_up_refuses_what_it_cannot_use_in_one_line(
-    case: Case, tmp_path: Path, prometheus: PrometheusServer, cluster_only: EmulatorThread
+    case: Case, tmp_path: Path, prometheus: PrometheusServer, control_plane: ControlPlane
 ) -> None:
-    _check(case, tmp_path, cluster_only, prometheus)
+    _check(case, tmp_path, control_plane, prometheus)
 
 
-def _check(case: Case, tmp: Path, api: EmulatorThread, prom: PrometheusServer) -> None:
+def _check(case: Case, tmp: Path, api: ControlPlane, prom: PrometheusServer) -> None:
     kubeconfig, prometheus_url, store, expected = case(tmp, api, prom)
     code, lines, took = _start(kubeconfig, prometheus_url, store)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
     assert all(part in lines[0] for part in expected), (expected, lines[0])
     assert took < FAST_S, f"start-up took {took:.1f} s to refuse: {lines[0]}"
-
-
-@pytest.fixture
-def cluster_only() -> Iterator[EmulatorThread]:
-    """The API emulator alone: start-up reads nothing from it but ``/version``."""
-    with EmulatorThread() as running:
-        yield running
