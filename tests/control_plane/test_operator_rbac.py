@@ -5,7 +5,8 @@ nothing cluster-scoped) into the real control plane. The operator runs as a loca
 chart's own pod has no node here) as the chart's ServiceAccount, through a kubeconfig that holds
 a token from the TokenRequest API, so kube-apiserver's RBAC authorizer decides every call it
 makes. A ModelDeployment and a CompileJob are applied; the operator makes their children
-(Service, Deployment, ConfigMap, Job) and writes their status and Events. The API server's
+(Service, Deployment, ConfigMap, Job) and writes their status and Events; both are deleted,
+and the operator lets them go. The API server's
 audit log then shows every request of the ServiceAccount: none was forbidden, and each is one
 that the chart's rendered bindings grant.
 """
@@ -94,6 +95,9 @@ def test_the_operator_is_denied_nothing_under_the_charts_rbac(
                  watched, "-o", phase).stdout, timeout=60)  # fmt: skip
         events = kubectl("get", "events", "-n", watched, "-o", "jsonpath={.items[*].reason}").stdout.split()
         assert events, "the operator recorded no Event"
+        # Deleted while the operator runs: kopf's finalizers go, and the namespace can go too.
+        kubectl("delete", "compilejob", "tiny-llama-cpu-search", "-n", watched, "--timeout=60s")
+        kubectl("delete", "modeldeployment", "qwen-0-5b", "-n", watched, "--timeout=60s")
     finally:
         operator.stop()
 

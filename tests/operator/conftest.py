@@ -12,9 +12,10 @@ import pytest
 import yaml
 from operator_harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
 
-from support.control_plane import control_plane
+from support.control_plane import ControlPlane, control_plane
 from support.k8s_emulator import EmulatorThread
 from support.prometheus import PrometheusServer, prometheus
+from support.waiting import wait_for
 
 __all__ = ["control_plane", "prometheus"]
 
@@ -30,6 +31,41 @@ def cluster(tmp_path: Path) -> Iterator[tuple[EmulatorThread, Api, Path]]:
             )
         api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         yield running, api, running.kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def real_cluster(tmp_path: Path) -> Iterator[tuple[ControlPlane, Api, Path]]:
+    """A fresh real control plane (``support.control_plane``, about 5 s) with the project's CRDs and
+    the ``inference`` namespace: (control plane, api as the admin, the admin's kubeconfig). One per
+    test: kopf's finalizers would keep a shared namespace from being deleted once the operator stops."""
+    with ControlPlane(tmp_path / "control-plane", crds=sorted((REPO / "crds").glob("*.yaml"))) as running:
+        api = Api(running.url, running.api(timeout=10))
+        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        wait_for(
+            "the default service account", lambda: api.get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")
+        )
+        yield running, api, running.kubeconfig
+        api.client.close()
+
+
+@pytest.fixture
+def real_operator(
+    real_cluster: tuple[ControlPlane, Api, Path], prometheus: PrometheusServer, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """``real_operator(**flags)``: the operator process against the real control plane, as its admin."""
+    started: list[OperatorProcess] = []
+    (tmp_path / "store").mkdir()
+
+    def start(**flags: Any) -> OperatorProcess:
+        log = tmp_path / f"operator-{flags.get('pod_id') or 'standalone'}.log"
+        proc = OperatorProcess(real_cluster[2], prometheus.url, tmp_path / "store", log,
+                               env={"PYTHONPATH": str(REPO / "tests")}, **flags)  # fmt: skip
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in started:
+        proc.stop()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """What the operator's integration tests stand on: the real operator process, an API client, fake engines,
 and a stand-in for the controllers that do not run here.
 
-- ``Api``: plain HTTP on the emulator (the wire protocol, nothing in between).
+- ``Api``: plain HTTP on the emulator (the wire protocol, nothing in between), or the admin's
+  client of the real control plane.
 - ``OperatorProcess`` (``support.operator_process``, shared with the e2e harness): ``polymorph
   operator`` with short intervals; ``kill()`` sends SIGKILL, ``start()`` starts it again; its
   JSON log lines are kept in a file.
@@ -46,10 +47,10 @@ GROUP = "/apis/polymorph.dev/v1alpha1"
 
 
 class Api:
-    """A few verbs over the emulator's REST API."""
+    """A few verbs over the emulator's REST API (or the real API server's, through ``client``)."""
 
-    def __init__(self, url: str) -> None:
-        self.client = httpx.Client(base_url=url, timeout=10)
+    def __init__(self, url: str, client: httpx.Client | None = None) -> None:
+        self.client = client or httpx.Client(base_url=url, timeout=10)
 
     def get(self, path: str) -> dict[str, Any] | None:
         r = self.client.get(path)

@@ -1,5 +1,6 @@
-"""The operator process against the emulator: apply -> hardened children, Degraded for a bad spec,
-`kubectl get md` columns, delete -> cleanup."""
+"""The operator process against the real control plane: apply -> hardened children, `kubectl get
+md` columns, delete -> cleanup by the real garbage collector; against the emulator, Degraded for a
+bad spec (the real API server's CEL rules refuse that spec, so only the emulator can store it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from operator_harness import GROUP, NS, Api, OperatorProcess, wait_for
 
+from support.control_plane import ControlPlane
 from support.k8s_binaries import kubectl
 from support.k8s_emulator import EmulatorThread
 
@@ -31,10 +33,10 @@ def md(name: str = "chat", **spec: Any) -> dict[str, Any]:
 
 
 def test_apply_creates_hardened_children_and_status(
-    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
 ) -> None:
-    _, api, _ = cluster
-    op = operator()
+    _, api, _ = real_cluster
+    op = real_operator()
     api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
     stable = wait_for("the stable Deployment", lambda: api.deployment("chat"))
     assert api.deployment("chat-canary") is None
@@ -108,10 +110,10 @@ def test_invalid_spec_sets_degraded_once_without_crash_loop(
 
 
 def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
-    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
 ) -> None:
-    _, api, kubeconfig = cluster
-    operator()
+    _, api, kubeconfig = real_cluster
+    real_operator()
     api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
     wait_for("status", lambda: (api.md("chat") or {}).get("status", {}).get("activeBuild"))
     build = "sha256:" + "ab" * 32
@@ -143,10 +145,10 @@ def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
 
 
 def test_delete_cleans_up_children(
-    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
 ) -> None:
-    _, api, _ = cluster
-    operator()
+    _, api, _ = real_cluster
+    real_operator()
     api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
     wait_for("the stable Deployment", lambda: api.deployment("chat"))
     wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat"))
@@ -168,8 +170,10 @@ def test_delete_cleans_up_children(
     # Deleting the CompileJob removes its Job and ConfigMap ...
     api.delete(f"{GROUP}/namespaces/{NS}/compilejobs/chat-manual")
     wait_for("the Job gone", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual") is None)
-    assert api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is None
+    wait_for(
+        "the ConfigMap gone", lambda: api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is None
+    )
     # ... and deleting the ModelDeployment removes its Deployments and Service.
     api.delete(f"{GROUP}/namespaces/{NS}/modeldeployments/chat")
     wait_for("the Deployment gone", lambda: api.deployment("chat") is None)
-    assert api.get(f"/api/v1/namespaces/{NS}/services/chat") is None
+    wait_for("the Service gone", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat") is None)

@@ -16,6 +16,10 @@
 - ``kube-scheduler``, which binds pods to the nodes that a node agent registers (none is here:
   a pod stays Pending until one is).
 
+``crds`` (YAML files) are created, and Established, before the controller manager starts: its
+garbage collector then knows their objects from the start (a CRD made later it discovers within
+30 s, so an owner deleted before that keeps its dependents that long).
+
 The admin identity is the client certificate ``CN=polymorph-admin, O=system:masters``;
 ``kubeconfig`` points at it. ``kubeconfig_with_token`` writes one for a bearer token (a
 service account's, from the TokenRequest API). ``api()`` is an httpx client as the admin.
@@ -46,7 +50,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +228,9 @@ def write_kubeconfig(
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler (see the module docstring)."""
 
-    def __init__(self, workdir: Path | None = None, *, binaries_dir: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path | None = None, *, binaries_dir: Path | None = None, crds: Sequence[Path] = ()
+    ) -> None:
         self.bin = binaries_dir or binaries()
         for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
             if not (self.bin / name).is_file():
@@ -238,6 +244,7 @@ class ControlPlane:
         self.audit_log = self.workdir / "audit.log"
         self.timings: dict[str, float] = {}
         self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._crds = list(crds)
 
     # --- start / stop ----------------------------------------------------------------------------
 
@@ -326,6 +333,7 @@ class ControlPlane:
             "--audit-log-format=json", "--audit-log-maxsize=0",
         )  # fmt: skip
         self._wait("kube-apiserver", self._apiserver_ready, timeout=120)
+        self._create_crds()
 
         for name, port in (("kube-controller-manager", free_port()), ("kube-scheduler", free_port())):
             flags = [
@@ -372,6 +380,29 @@ class ControlPlane:
                 pass
             time.sleep(0.1)
         raise ControlPlaneUnavailable(f"{name} was not ready after {timeout:g} s: {self.log_tail(name, 5)}")
+
+    def _create_crds(self) -> None:
+        """Create and wait for ``crds`` before the controller manager starts, so that its garbage
+        collector's first discovery sees them (later CRDs it finds within 30 s)."""
+        with self.api() as api:
+            for path in self._crds:
+                for document in yaml.safe_load_all(path.read_text()):
+                    created = api.post(
+                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=document
+                    )
+                    if created.status_code != 201:
+                        raise ControlPlaneUnavailable(f"{path} was refused: {created.json().get('message')}")
+            for path in self._crds:
+                for document in yaml.safe_load_all(path.read_text()):
+                    name = document["metadata"]["name"]
+                    self._started = time.monotonic()
+                    self._wait(f"CRD {name}", lambda n=name: self._established(api, n), timeout=30)
+
+    @staticmethod
+    def _established(api: httpx.Client, name: str) -> bool:
+        got = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").json()
+        conditions = (got.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     def _apiserver_ready(self) -> bool:
         with self.api(timeout=5) as api:
