@@ -14,7 +14,7 @@
 - the real operator process, ``polymorph operator`` with short intervals, as the chart's
   ServiceAccount with a token from the TokenRequest API: RBAC decides every call it makes, and
   ``operator_requests()`` reads them from the API server's audit log;
-- the node agent (``node_agent.NodeAgent``), a kubelet whose containers are local processes of
+- the node agent (``support.node_agent.NodeAgent``), a kubelet whose containers are local processes of
   the real engine entrypoints; the upstream Deployment, ReplicaSet and Job controllers make the
   pods and the scheduler binds them to it.
 
@@ -54,12 +54,12 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from moto.server import ThreadedMotoServer
 
-from executor import Endpoint, FileSD, free_port
-from node_agent import NodeAgent
 from polymorph.store import S3Store, Store, open_store
 from support.control_plane import ControlPlane
 from support.k8s_binaries import helm as helm_binary
 from support.k8s_binaries import kubectl as kubectl_binary
+from support.local_pods import Endpoint, FileSD, free_port
+from support.node_agent import NodeAgent
 from support.operator_process import NS, REPO, OperatorProcess
 from support.prometheus import PrometheusServer
 from support.waiting import wait_for

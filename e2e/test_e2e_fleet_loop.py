@@ -1,9 +1,12 @@
-"""The whole loop, end to end: only the Kubernetes control plane is emulated.
+"""The whole loop, end to end, on the real Kubernetes control plane; only the kubelet stands in.
 
-Real ``kubectl`` applies the CRDs and a ModelDeployment to the conformant emulator; the real
-``polymorph operator`` process runs; the pod executor runs the Deployments' and Jobs' pods as
-processes of the real engine entrypoints (tiny CPU model); the real Prometheus scrapes them; S3
-is moto's server; a traffic generator sends completions and shifts the workload shape.
+Real ``kubectl`` applies the CRDs and a ModelDeployment to the real kube-apiserver; ``helm``
+installs the chart; the real ``polymorph operator`` process runs as the chart's ServiceAccount
+under RBAC; the upstream Deployment, ReplicaSet and Job controllers make the pods and the node
+agent runs them as processes of the real engine entrypoints (tiny CPU model); the real
+Prometheus scrapes them; S3 is moto's server; a traffic generator sends completions and shifts
+the workload shape. Afterwards, the API server's audit log shows that RBAC refused the operator
+nothing and that the chart grants what it used.
 
 The one scenario (``scenario.py``): a pin never compiles or rolls out -> the shift and the pin
 removed -> drift -> CompileJob -> sandbox experiments (SearchAgent, hot reload) -> best build in

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from executor import Endpoint
+from support.local_pods import Endpoint
 
 __all__ = ["Shape", "TrackStats", "Traffic"]
 

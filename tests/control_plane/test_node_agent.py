@@ -1,7 +1,7 @@
 """The node agent is the kubelet of the real control plane: the upstream controllers do the rest.
 
 A Deployment, a ReplicaSet and an Indexed Job are run by kube-controller-manager's own
-controllers and placed by kube-scheduler; the agent (``node_agent.NodeAgent``, as the kubelet
+controllers and placed by kube-scheduler; the agent (``support.node_agent.NodeAgent``, as the kubelet
 identity ``system:node:<name>`` under the Node authorizer) runs what is bound to its node as
 local processes and reports back. The containers are small Python programs, so each test takes
 seconds.
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from node_agent import NodeAgent
 from support.control_plane import ControlPlane
+from support.node_agent import NodeAgent
 from support.waiting import wait_for
 
 # What the container sees, written as JSON to its log, then an HTTP server that its readiness

@@ -1,4 +1,4 @@
-"""How one pod runs as local processes, for the node agent (``node_agent.py``); never part of the product.
+"""How one pod runs as local processes, for the node agent (``support.node_agent``); never part of the product.
 
 ``LocalPod`` runs one pod's containers in its own folder, as subprocesses of the real
 entrypoints of this checkout (``polymorph`` resolves to the venv's, whatever the image says):
@@ -72,7 +72,7 @@ class PodHost(Protocol):
 
 
 class UnsupportedPod(RuntimeError):
-    """The pod uses something this executor cannot run locally (a PVC, a port it cannot map...)."""
+    """The pod uses something that cannot run locally (a PVC, a port that cannot be mapped...)."""
 
 
 class FileSD:
@@ -131,14 +131,14 @@ class LocalPod:
 
     def __init__(
         self,
-        executor: PodHost,
+        host: PodHost,
         namespace: str,
         name: str,
         template: dict[str, Any],
         owner: dict[str, Any],
         index: int | None = None,
     ) -> None:
-        self.executor = executor
+        self.host = host
         self.namespace, self.name = namespace, name
         self.template = template
         self.owner = owner
@@ -147,7 +147,7 @@ class LocalPod:
         self.annotations: dict[str, str] = dict(template.get("metadata", {}).get("annotations") or {})
         self.spec: dict[str, Any] = template.get("spec") or {}
         self.restart_always = self.spec.get("restartPolicy", "Always") == "Always"
-        self.dir = executor.workdir / "pods" / f"{namespace}.{name}"
+        self.dir = host.workdir / "pods" / f"{namespace}.{name}"
         self.phase = "Pending"
         self.message = ""
         self.ready = False
@@ -167,13 +167,13 @@ class LocalPod:
             if "emptyDir" in vol:
                 pass
             elif "configMap" in vol:
-                cm = self.executor.read("configmaps", self.namespace, vol["configMap"]["name"])
+                cm = self.host.read("configmaps", self.namespace, vol["configMap"]["name"])
                 if cm is None and not vol["configMap"].get("optional"):
                     raise UnsupportedPod(f"configMap {vol['configMap']['name']} not found")
                 for key, value in ((cm or {}).get("data") or {}).items():
                     (path / key).write_text(value)
             elif "secret" in vol:
-                sec = self.executor.read("secrets", self.namespace, vol["secret"]["secretName"])
+                sec = self.host.read("secrets", self.namespace, vol["secret"]["secretName"])
                 if sec is None and not vol["secret"].get("optional"):
                     raise UnsupportedPod(f"secret {vol['secret']['secretName']} not found")
                 for key, value in ((sec or {}).get("data") or {}).items():
@@ -208,7 +208,7 @@ class LocalPod:
 
     def _env(self, c: dict[str, Any], mounts: list[tuple[str, Path]]) -> dict[str, str]:
         env = {
-            "PATH": f"{self.executor.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PATH": f"{self.host.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "HOSTNAME": self.name,
             "PYTHONUNBUFFERED": "1",
@@ -235,7 +235,7 @@ class LocalPod:
             elif "secretKeyRef" in source or "configMapKeyRef" in source:
                 secret = "secretKeyRef" in source
                 ref = source["secretKeyRef" if secret else "configMapKeyRef"]
-                obj = self.executor.read("secrets" if secret else "configmaps", self.namespace, ref["name"])
+                obj = self.host.read("secrets" if secret else "configmaps", self.namespace, ref["name"])
                 data = (obj or {}).get("data") or {}
                 if ref["key"] in data:
                     raw = data[ref["key"]]
@@ -260,7 +260,7 @@ class LocalPod:
                 argv.append("127.0.0.1")
             else:
                 argv.append(self._rewrite(word, mounts))
-        argv[0] = shutil.which(argv[0], path=str(self.executor.bin_dir)) or shutil.which(argv[0]) or argv[0]
+        argv[0] = shutil.which(argv[0], path=str(self.host.bin_dir)) or shutil.which(argv[0]) or argv[0]
         probe = None
         get = (c.get("readinessProbe") or {}).get("httpGet")
         if get:
@@ -318,7 +318,7 @@ class LocalPod:
             for c in main:
                 self._spawn(c)
             self.phase = "Running"
-            self.executor.pod_changed(self)
+            self.host.pod_changed(self)
             self._watch(main)
         except UnsupportedPod as exc:
             self._finish("Failed", str(exc))
@@ -353,12 +353,12 @@ class LocalPod:
                 ready = all(self._probe(c) for c in self._containers if c.sidecar or c in main)
                 if ready != self.ready:
                     self.ready = ready
-                    self.executor.pod_changed(self)
+                    self.host.pod_changed(self)
             self._stop.wait(0.25)
 
     def _finish(self, phase: str, message: str) -> None:
         self.phase, self.message, self.ready = phase, message, False
-        self.executor.pod_changed(self)
+        self.host.pod_changed(self)
 
     def _terminate(self) -> None:
         self.ready = False

@@ -10,7 +10,7 @@ controllers (Deployment, ReplicaSet, Job, the garbage collector) and lacks only 
   the node's Lease in ``kube-node-lease`` every ``LEASE_RENEW_S``, as a kubelet's heartbeat:
   the node lifecycle controller lifts the ``not-ready`` taint, and the scheduler places pods.
 - Every ``interval`` it lists the pods the scheduler bound to it and runs each as local
-  processes with ``executor.LocalPod``, its translation: ``command`` + ``args`` of the
+  processes with ``support.local_pods.LocalPod``, its translation: ``command`` + ``args`` of the
   real entrypoints, env (``value``, ``secretKeyRef``, ``configMapKeyRef``, ``fieldRef`` to the
   pod's name, namespace, uid, node, labels and annotations: the Job controller's
   ``JOB_COMPLETION_INDEX`` reads the index annotation), ``emptyDir``, ``configMap`` and
@@ -53,7 +53,7 @@ from typing import Any
 import httpx
 import yaml
 
-from executor import Endpoint, FileSD, LocalPod, UnsupportedPod
+from support.local_pods import Endpoint, FileSD, LocalPod, UnsupportedPod
 
 __all__ = ["NodeAgent", "NodePod"]
 
