@@ -1,9 +1,11 @@
 """Fixtures of the operator's integration tests: the emulator with the CRDs, a real Prometheus,
 fake engine endpoints it scrapes, a Deployment-readiness stand-in, and the operator process;
-the real control plane (``control_plane``, session) where a test needs only a working API server."""
+the real control plane (``control_plane``, session; ``real_cluster``, one per test) with the
+operator on it (``real_operator``) and a node agent whose pods report ready (``real_kubelet``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from operator_harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
 
 from support.control_plane import ControlPlane, control_plane
 from support.k8s_emulator import EmulatorThread
+from support.node_agent import NodeAgent
 from support.prometheus import PrometheusServer, prometheus
 from support.waiting import wait_for
 
@@ -66,6 +69,35 @@ def real_operator(
     yield start
     for proc in started:
         proc.stop()
+
+
+_READY = """
+import http.server, sys
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *_):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ready).serve_forever()
+"""
+
+
+def _ready_stand_in(container: Any) -> list[str]:
+    """An engine container's stand-in: 200 on its (mapped) readiness port; the metrics come from FakeEngine."""
+    if container.probe is None:
+        return [sys.executable, "-c", "import time; time.sleep(3600)"]
+    return [sys.executable, "-c", _READY, str(container.probe[1])]
+
+
+@pytest.fixture
+def real_kubelet(real_cluster: tuple[ControlPlane, Api, Path], tmp_path: Path) -> Iterator[NodeAgent]:
+    """A node agent on the real control plane whose containers are readiness stand-ins: the real
+    Deployment and ReplicaSet controllers then report the operator's Deployments ready."""
+    agent = NodeAgent(real_cluster[0].node_kubeconfig("node-1"), "node-1", tmp_path / "node",
+                      stand_in=_ready_stand_in).start()  # fmt: skip
+    yield agent
+    agent.close()
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-"""Rollouts through the real operator process: a slower canary rolls back; Prometheus stopped mid-rollout
-gives no decision and Degraded (once), then the rollout resumes; SIGKILL mid-rollout and a restart
-continue without repeating a step."""
+"""Rollouts through the real operator process on the real control plane: a slower canary rolls back;
+Prometheus stopped mid-rollout gives no decision and Degraded (once), then the rollout resumes;
+SIGKILL mid-rollout and a restart continue without repeating a step; a manual approval, then an
+abort. The real Deployment and ReplicaSet controllers report the operator's Deployments ready from
+pods that a node agent runs (readiness stand-ins); the engines' metrics come from FakeEngine."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, SLOW, figures
-from operator_harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
+from operator_harness import GROUP, NS, Api, FakeEngine, OperatorProcess, wait_for
 
-from support.k8s_emulator import EmulatorThread
+from support.control_plane import ControlPlane
+from support.node_agent import NodeAgent
 from support.prometheus import PrometheusServer
 
 
@@ -68,13 +71,13 @@ def start(
 
 
 def test_slower_canary_rolls_back(
-    cluster: tuple[EmulatorThread, Api, Path],
-    operator: Callable[..., OperatorProcess],
+    real_cluster: tuple[ControlPlane, Api, Path],
+    real_operator: Callable[..., OperatorProcess],
     engines: Callable[..., FakeEngine],
-    kubelet: Kubelet,
+    real_kubelet: NodeAgent,
 ) -> None:
-    _, api, _ = cluster
-    operator()
+    _, api, _ = real_cluster
+    real_operator()
     start(api, engines, canary_itl=0.04, build=SLOW)  # half the per-request decode speed
     wait_for("the canary", lambda: api.deployment("chat-canary"))
     wait_for("RolledBack", lambda: state(api).get("phase") == "RolledBack", timeout=40)
@@ -104,14 +107,14 @@ def test_slower_canary_rolls_back(
 
 
 def test_prometheus_outage_and_operator_kill_mid_rollout(
-    cluster: tuple[EmulatorThread, Api, Path],
-    operator: Callable[..., OperatorProcess],
+    real_cluster: tuple[ControlPlane, Api, Path],
+    real_operator: Callable[..., OperatorProcess],
     engines: Callable[..., FakeEngine],
-    kubelet: Kubelet,
+    real_kubelet: NodeAgent,
     prometheus: PrometheusServer,
 ) -> None:
-    _, api, _ = cluster
-    op = operator()
+    _, api, _ = real_cluster
+    op = real_operator()
     start(api, engines, canary_itl=0.015)
     wait_for("step 1 settled", lambda: state(api).get("stepStartedAt"), timeout=30)
 
@@ -149,13 +152,13 @@ def test_prometheus_outage_and_operator_kill_mid_rollout(
 
 
 def test_manual_approval_then_abort(
-    cluster: tuple[EmulatorThread, Api, Path],
-    operator: Callable[..., OperatorProcess],
+    real_cluster: tuple[ControlPlane, Api, Path],
+    real_operator: Callable[..., OperatorProcess],
     engines: Callable[..., FakeEngine],
-    kubelet: Kubelet,
+    real_kubelet: NodeAgent,
 ) -> None:
-    _, api, _ = cluster
-    operator()
+    _, api, _ = real_cluster
+    real_operator()
     start(api, engines, canary_itl=0.015, policy="Manual", pause="1h")
     waiting = wait_for("WaitingForApproval", lambda: api.events("WaitingForApproval"))
     assert f"polymorph.dev/approve={NEW}" in waiting[0]["message"]

@@ -30,6 +30,9 @@ controllers (Deployment, ReplicaSet, Job, the garbage collector) and lacks only 
   relabelling would), in the file the Prometheus server watches.
 
 ``endpoints(namespace, selector)`` gives the ready pods a Service with that selector routes to.
+``stand_in(container)``, when given, is the command each container runs instead of its own
+(with its env, volumes, ports and probe as translated): the operator's integration tests run a
+readiness endpoint there, since their engines' metrics come from elsewhere.
 It knows nothing about Polymorph's resources.
 """
 
@@ -46,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -186,6 +190,12 @@ class NodePod(LocalPod):
                 env[item["name"]] = self._fields[path]
         return env
 
+    def _container(self, c: dict[str, Any], volumes: dict[str, Path], sidecar: bool) -> Any:
+        made = super()._container(c, volumes, sidecar)
+        if self.agent.stand_in is not None:
+            made.argv = self.agent.stand_in(made)
+        return made
+
     # --- restarts --------------------------------------------------------------------------
 
     def _spawn(self, c: Any) -> None:
@@ -286,8 +296,10 @@ class NodeAgent:
         targets: FileSD | None = None,
         interval: float = 0.5,
         bin_dir: Path | None = None,
+        stand_in: Callable[[Any], list[str]] | None = None,
     ) -> None:
         self.name = name
+        self.stand_in = stand_in
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bin_dir = bin_dir or Path(sys.executable).parent
