@@ -46,11 +46,14 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# Both cores: pytest-xdist runs test files on PYTEST_WORKERS processes (a file's tests stay on one,
-# so module-scoped servers start once); --durations lists the slowest tests.
+# tests/ on both cores: pytest-xdist runs test files on PYTEST_WORKERS processes (a file's tests
+# stay on one, so module-scoped servers start once). Then e2e/ alone: its live canary analysis
+# compares serving replicas' throughput, which a test running beside it on the same cores would
+# skew. --durations lists the slowest tests.
 PYTEST_WORKERS ?= 2
 unit: venv prometheus control-plane
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests e2e
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests
+	$(BIN)/pytest -q --durations=10 e2e
 
 # The unit and core tests alone (the API and its rules, the operator's pure core, statistics, the
 # store, workloads): under a minute, for the edit-test loop. make test runs everything.

@@ -532,12 +532,17 @@ def _many(n: int) -> str:
 
 
 def test_validation_is_linear_in_the_number_of_documents() -> None:
+    # CPU seconds of this process, the least of three runs: other processes on the machine (a
+    # parallel test worker) change wall time, not the work done here.
     def seconds(n: int) -> float:
         text = _many(n)
-        started = time.perf_counter()
-        objects, _, problems = check_text(text, "many.yaml")
-        assert len(objects) == n and not problems
-        return time.perf_counter() - started
+        best = float("inf")
+        for _ in range(3):
+            started = time.process_time()
+            objects, _, problems = check_text(text, "many.yaml")
+            best = min(best, time.process_time() - started)
+            assert len(objects) == n and not problems
+        return best
 
     seconds(100)  # warm caches (pydantic, regexes)
     small, large = seconds(400), seconds(1600)
