@@ -53,8 +53,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
-from polymorph.errors import BuildError, UsageError
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
+from polymorph.contract.errors import BuildError, UsageError
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.config import SHAPES, parse_dtype
 from polymorph_engine.runtime.hotreload import build_id_of

@@ -134,7 +134,7 @@ def _save_workload(workload: Any, path: Path) -> None:
 
 
 def _load_workload(path: Path) -> Any:
-    from polymorph.workload import RequestShape, Workload
+    from polymorph.contract.workload import RequestShape, Workload
 
     doc = json.loads(path.read_text())
     return Workload(tuple(RequestShape(*r) for r in doc["requests"]), doc["concurrency"], doc["digest"])
@@ -160,7 +160,7 @@ def cold_child(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     import torch
 
-    from polymorph.api import Gates
+    from polymorph.contract.api import Gates
     from polymorph_engine.experiment.run import run_experiment
     from polymorph_engine.experiment.verify import Golden
     from polymorph_engine.runtime.checkpoint import load_model
@@ -253,9 +253,9 @@ def decode_batch1(engine: Any, build: Path, prompt_len: int, steps: int, device:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
 
-    from polymorph.api import Gates
-    from polymorph.builds import REFERENCE_BUILD, knob_variant
-    from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
+    from polymorph.contract.api import Gates
+    from polymorph.contract.builds import REFERENCE_BUILD, knob_variant
+    from polymorph.contract.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
     from polymorph_engine.experiment.run import DEVICE_SCALE
     from polymorph_engine.experiment.supervisor import Supervisor
     from polymorph_engine.experiment.verify import default_prompts, golden
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{flag.replace('_', '-')} must be >= 1; got {value}.", file=sys.stderr)
             return 2
-    from polymorph.errors import BuildError, UsageError
+    from polymorph.contract.errors import BuildError, UsageError
 
     try:
         if args.workdir:

@@ -47,16 +47,16 @@ from typing import Any
 import torch
 
 from polymorph import __version__
-from polymorph.api import Budget, ExperimentRecord, Gates, Objective, WorkloadProfile
-from polymorph.api.common import parse_duration
-from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
 from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.cli import CAMPAIGN_CPU_SCALE, DEVICE_DEFAULTS
 from polymorph.compile.ledger import CampaignPaths, config_uid
-from polymorph.errors import BuildError
-from polymorph.store import open_store
-from polymorph.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
+from polymorph.contract.api import Budget, ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.contract.api.common import parse_duration
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
+from polymorph.contract.errors import BuildError
+from polymorph.contract.store import open_store
+from polymorph.contract.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 

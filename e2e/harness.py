@@ -54,7 +54,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from moto.server import ThreadedMotoServer
 
-from polymorph.store import S3Store, Store, open_store
+from polymorph.contract.store import S3Store, Store, open_store
 from support.control_plane import ControlPlane
 from support.k8s_binaries import helm as helm_binary
 from support.k8s_binaries import kubectl as kubectl_binary

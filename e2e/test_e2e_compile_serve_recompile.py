@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymorph.store import LocalStore
-from polymorph.workload import parse_trace
+from polymorph.contract.store import LocalStore
+from polymorph.contract.workload import parse_trace
 
 _URL = re.compile(r"on (http://\S+)")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from polymorph.store import LocalStore, S3Store, Store
+from polymorph.contract.store import LocalStore, S3Store, Store
 
 _ENVIRON_AT_START: dict[str, str] = {}
 

@@ -26,9 +26,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pydantic import ValidationError
 
-from polymorph.errors import BuildError, Interrupted, StoreError, UsageError
-from polymorph.inputs import Parser
-from polymorph.validate import format_validation_error
+from polymorph.contract.errors import BuildError, Interrupted, StoreError, UsageError
+from polymorph.contract.inputs import Parser
+from polymorph.contract.validate import format_validation_error
 
 # name -> (module, help), or (help, {role: (module, help)}) for a command with roles. Modules are
 # imported by name, and only for the command being run: the data plane's commands
@@ -37,7 +37,7 @@ from polymorph.validate import format_validation_error
 Command = tuple[str, str]
 COMMANDS: dict[str, Command | tuple[str, dict[str, Command]]] = {
     "crds": ("polymorph.crdgen", "print, write or check the CustomResourceDefinitions"),
-    "validate": ("polymorph.validate", "validate ModelDeployment and CompileJob manifests"),
+    "validate": ("polymorph.contract.validate", "validate ModelDeployment and CompileJob manifests"),
     "experiment": (
         "polymorph_engine.experiment.cli",
         "run builds through verification and benchmark in one hot engine",

@@ -26,9 +26,9 @@ import yaml
 from celpy import celtypes
 
 from polymorph import crdgen
-from polymorph.api.common import StrictModel
-from polymorph.api.rules import Rule
-from polymorph.validate import validate_document
+from polymorph.contract.api.common import StrictModel
+from polymorph.contract.api.rules import Rule
+from polymorph.contract.validate import validate_document
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 MD: dict[str, Any] = yaml.safe_load((EXAMPLES / "modeldeployment-full.yaml").read_text())
@@ -321,7 +321,10 @@ def _models() -> Iterator[type[StrictModel]]:
 
 def _model_rules() -> dict[str, Rule]:
     return {
-        r.message: r for cls in _models() if cls.__module__.startswith("polymorph.api") for r in cls.RULES
+        r.message: r
+        for cls in _models()
+        if cls.__module__.startswith("polymorph.contract.api")
+        for r in cls.RULES
     }
 
 

@@ -13,8 +13,8 @@ import yaml
 from pydantic import ValidationError
 
 from polymorph import crdgen
-from polymorph.api import CompileJob, ModelDeployment
 from polymorph.cli import main
+from polymorph.contract.api import CompileJob, ModelDeployment
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "crds" / "examples").glob("*.yaml"))

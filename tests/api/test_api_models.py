@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from polymorph.api import (
+from polymorph.contract.api import (
     AgentSpec,
     CompileJob,
     CompileJobSpec,
@@ -19,7 +19,7 @@ from polymorph.api import (
     ThresholdRange,
     parse_duration,
 )
-from polymorph.api.rules import FieldError
+from polymorph.contract.api.rules import FieldError
 
 MINIMAL_MD: dict[str, Any] = {
     "apiVersion": "polymorph.dev/v1alpha1",
@@ -315,7 +315,7 @@ def test_compilejob_status() -> None:
 
 
 def test_public_api_is_complete() -> None:
-    import polymorph.api as api
+    import polymorph.contract.api as api
 
     for name in api.__all__:
         assert getattr(api, name) is not None, name

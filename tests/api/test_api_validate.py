@@ -12,11 +12,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from polymorph.api import CompileJob, ModelDeployment, ModelDeploymentSpec
 from polymorph.cli import main
-from polymorph.errors import UsageError
-from polymorph.validate import check_text, format_path, format_validation_error, load_manifest
-from polymorph.yaml_input import MAX_YAML_NODES, load_yaml
+from polymorph.contract.api import CompileJob, ModelDeployment, ModelDeploymentSpec
+from polymorph.contract.errors import UsageError
+from polymorph.contract.validate import check_text, format_path, format_validation_error, load_manifest
+from polymorph.contract.yaml_input import MAX_YAML_NODES, load_yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 MD: dict[str, Any] = yaml.safe_load((EXAMPLES / "modeldeployment-full.yaml").read_text())

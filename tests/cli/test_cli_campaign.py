@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.store import open_store
+from polymorph.contract.store import open_store
 
 POLYMORPH = [sys.executable, "-m", "polymorph.cli"]
 FLAGS = ["--max-experiments", "200", "--repeats", "2", "--campaign", "signals"]

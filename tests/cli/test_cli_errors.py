@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from polymorph.cli import main
-from polymorph.compile.job import read_compilejob
-from polymorph.errors import UsageError
-from polymorph.workload import load_workload
+from polymorph.contract.errors import UsageError
+from polymorph.contract.job import read_compilejob
+from polymorph.contract.workload import load_workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 STANDALONE = EXAMPLES / "compilejob-standalone.yaml"
@@ -242,7 +242,7 @@ def test_a_bug_is_one_line_and_exit_1(
     def broken(_: object) -> int:
         raise KeyError("oops")
 
-    monkeypatch.setattr("polymorph.validate.run", broken)
+    monkeypatch.setattr("polymorph.contract.validate.run", broken)
     monkeypatch.delenv("POLYMORPH_DEBUG", raising=False)
     code, lines = cli(capsys, "validate", "x.yaml")
     assert code == 1 and len(lines) == 1 and "internal error (KeyError" in lines[0]

@@ -4,7 +4,7 @@
   exit 2, never a traceback, before anything loads.
 - Files: read at most 16 MiB, so ``/dev/zero`` or a huge file is one sentence at once; numbers
   in them are bounded before they are converted.
-- Durations: one syntax (``polymorph.api.parse_duration``) for every flag, manifests and the
+- Durations: one syntax (``polymorph.contract.api.parse_duration``) for every flag, manifests and the
   chart's values: the same text means the same seconds everywhere, and a bad one gets the same
   sentence everywhere.
 - Help: every flag says its default; compile and experiment share their measurement flags, and
@@ -26,13 +26,13 @@ import jsonschema
 import pytest
 import yaml
 
-from polymorph import measurement
-from polymorph.api import ModelDeployment
 from polymorph.cli import build_parser, main
 from polymorph.compile.cli import _rerun
-from polymorph.errors import UsageError
+from polymorph.contract import measurement
+from polymorph.contract.api import ModelDeployment
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import Parser
 from polymorph.handlers.settings import from_args
-from polymorph.inputs import Parser
 from polymorph.kubectl_plugin.cli import build_parser as kubectl_plugin_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -228,7 +228,7 @@ def _kubectl_plugin(value: str) -> float:
 def _manifest_seconds(value: str) -> float:
     doc = yaml.safe_load(MD_EXAMPLE.read_text())
     doc["spec"]["recompile"] = {"window": value}
-    from polymorph.api import parse_duration
+    from polymorph.contract.api import parse_duration
 
     return parse_duration(ModelDeployment.model_validate(doc).spec.recompile.window)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from polymorph import stats
-from polymorph.api import Figures
-from polymorph.api.build import PairedComparison
+from polymorph.contract import stats
+from polymorph.contract.api import Figures
+from polymorph.contract.api.build import PairedComparison
 
 __all__ = ["paired"]
 

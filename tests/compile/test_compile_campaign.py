@@ -15,10 +15,6 @@ from typing import Any
 import pytest
 from pairing_support import paired
 
-from polymorph.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
-from polymorph.api.build import PairedComparison, Timings
-from polymorph.api.common import Constraint, Histogram, WorkloadProfile
-from polymorph.builds import read_build
 from polymorph.compile.agents.base import BudgetExhausted
 from polymorph.compile.agents.search import (
     SearchAgent,
@@ -31,7 +27,11 @@ from polymorph.compile.agents.search import (
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.compile.selection import budget_share, compare, select_result
-from polymorph.store import build_id, open_store
+from polymorph.contract.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
+from polymorph.contract.api.build import PairedComparison, Timings
+from polymorph.contract.api.common import Constraint, Histogram, WorkloadProfile
+from polymorph.contract.builds import read_build
+from polymorph.contract.store import build_id, open_store
 
 PROFILE = WorkloadProfile(
     inputTokens=Histogram(bounds=[16], counts=[1]),

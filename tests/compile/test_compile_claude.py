@@ -23,13 +23,13 @@ import pytest
 from fake_anthropic import FakeAnthropic, Reply, error, message, result_text, text, tool_results, tool_use
 from pairing_support import paired
 
-from polymorph.api import Budget, ExperimentRecord, Figures, Verification
-from polymorph.api.common import Histogram, WorkloadProfile
-from polymorph.builds import read_build
 from polymorph.compile.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths
-from polymorph.store import build_id, open_store
+from polymorph.contract.api import Budget, ExperimentRecord, Figures, Verification
+from polymorph.contract.api.common import Histogram, WorkloadProfile
+from polymorph.contract.builds import read_build
+from polymorph.contract.store import build_id, open_store
 
 WRONG = '''"""A deliberately wrong build: the reference hot path with negated logits."""
 from .hotpath import load as _load

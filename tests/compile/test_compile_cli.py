@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.store import open_store
+from polymorph.contract.store import open_store
 
 POLYMORPH = [sys.executable, "-m", "polymorph.cli"]
 

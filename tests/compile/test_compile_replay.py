@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from polymorph.api import Budget, Gates
 from polymorph.compile.agents.search import SearchAgent
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths
 from polymorph.compile.outcome import CampaignOutcome
-from polymorph.store import open_store
+from polymorph.contract.api import Budget, Gates
+from polymorph.contract.store import open_store
 from polymorph_engine.experiment.replay import (
     RecordedConfig,
     RecordedSpace,

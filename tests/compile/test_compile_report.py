@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 from datetime import UTC, datetime
 
-from polymorph.api import ExperimentRecord, Figures, Objective, Verification
-from polymorph.api.build import PairedComparison, TokenUsage
-from polymorph.compile.documents import Counts, Progress, ProgressBudget, Standing
 from polymorph.compile.report import Display
-from polymorph.workload import parse_trace, profile_of
+from polymorph.contract.api import ExperimentRecord, Figures, Objective, Verification
+from polymorph.contract.api.build import PairedComparison, TokenUsage
+from polymorph.contract.documents import Counts, Progress, ProgressBudget, Standing
+from polymorph.contract.workload import parse_trace, profile_of
 
 
 class Terminal(io.StringIO):

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from pairing_support import paired
 
-from polymorph.api import ExperimentRecord, Figures, Gates, Objective
-from polymorph.api.build import Verification
 from polymorph.compile import report_html
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.selection import score, select_result
-from polymorph.store import LocalStore
+from polymorph.contract.api import ExperimentRecord, Figures, Gates, Objective
+from polymorph.contract.api.build import Verification
+from polymorph.contract.store import LocalStore
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 OBJECTIVE = Objective()

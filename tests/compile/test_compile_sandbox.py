@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from polymorph.store import open_store
+from polymorph.contract.store import open_store
 
 POLYMORPH = [sys.executable, "-m", "polymorph.cli"]
 

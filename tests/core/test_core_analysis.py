@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from polymorph.api import AnalysisSpec
-from polymorph.api.modeldeployment import AnalysisMetric, ThresholdRange
+from polymorph.contract.api import AnalysisSpec
+from polymorph.contract.api.modeldeployment import AnalysisMetric, ThresholdRange
 from polymorph.core.analysis import builtin_estimate, judge, run_analysis
 from polymorph.core.promql import TrackSamples
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from polymorph.api import CompileJob, Figures, Histogram, ModelDeployment, Objective, WorkloadProfile
-from polymorph.api.build import TokenUsage
-from polymorph.compile.documents import (
+from polymorph.contract.api import CompileJob, Figures, Histogram, ModelDeployment, Objective, WorkloadProfile
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.documents import (
     CampaignResult,
     Counts,
     Progress,

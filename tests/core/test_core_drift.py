@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polymorph.api import Histogram, WorkloadProfile
+from polymorph.contract.api import Histogram, WorkloadProfile
 from polymorph.core.drift import SATURATION_DOUBLINGS, emd_log2, score
 
 BOUNDS = [128, 512, 2048, 8192]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from polymorph.api import CompileJob, ModelDeployment, parse_duration
+from polymorph.contract.api import CompileJob, ModelDeployment, parse_duration
 from polymorph.core.hardware import placement
 from polymorph.core.resources import (
     ClusterSettings,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from polymorph.api import AnalysisValue, RolloutPhase, RolloutStatus, Verdict
+from polymorph.contract.api import AnalysisValue, RolloutPhase, RolloutStatus, Verdict
 from polymorph.core.analysis import AnalysisRun
 from polymorph.core.rollout import (
     Emit,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from polymorph.builds import REFERENCE_BUILD
+from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin

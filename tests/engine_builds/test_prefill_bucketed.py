@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine_support.builds import patched_build, sensitive_model
-from polymorph.builds import REFERENCE_BUILD
+from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine_support.builds import sensitive_model
-from polymorph.builds import REFERENCE_BUILD
-from polymorph.workload import RequestShape, Workload
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.workload import RequestShape, Workload
 from polymorph_engine.experiment.bench import ReusedCache, benchmark, make_prompts, percentile, replay
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath

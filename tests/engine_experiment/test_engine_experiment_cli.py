@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine_support.builds import MODEL, patched_build, sensitive_checkpoint, wrapping_build
-from polymorph.builds import REFERENCE_BUILD
 from polymorph.cli import main
-from polymorph.store import LocalStore
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import LocalStore
 
 QUICK = ["--model", MODEL, "--repeats", "2", "--warmup", "0", "--threads", "1"]
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from engine_support.builds import patched_build, sensitive_model, wrapping_build
-from polymorph.api import ExperimentRecord, Gates
-from polymorph.builds import REFERENCE_BUILD, knob_variant
-from polymorph.store import build_id
-from polymorph.workload import DEFAULT_WORKLOAD, workload_from_profile
+from polymorph.contract.api import ExperimentRecord, Gates
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant
+from polymorph.contract.store import build_id
+from polymorph.contract.workload import DEFAULT_WORKLOAD, workload_from_profile
 from polymorph_engine.experiment.run import (
     BenchSettings,
     InProcessRunner,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from polymorph.stats import paired_ratio
+from polymorph.contract.stats import paired_ratio
 from polymorph_engine.experiment.bench import PassResult
 from polymorph_engine.experiment.measure import (
     MeasurePolicy,

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from engine_support.builds import patched_build, sensitive_model
-from polymorph.api import Gates, Objective
-from polymorph.builds import REFERENCE_BUILD
 from polymorph.compile.selection import score
-from polymorph.store import build_id
-from polymorph.workload import DEFAULT_WORKLOAD, workload_from_profile
+from polymorph.contract.api import Gates, Objective
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import build_id
+from polymorph.contract.workload import DEFAULT_WORKLOAD, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings, InProcessRunner, fit_for_device
 from polymorph_engine.experiment.verify import default_prompts, golden
 from polymorph_engine.runtime.hotreload import Engine

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from engine_support.builds import CRASHES, MODEL, wrapping_build
-from polymorph.builds import REFERENCE_BUILD
-from polymorph.store import build_id
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import build_id
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 

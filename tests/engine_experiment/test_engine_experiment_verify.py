@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine_support.builds import patched_build, sensitive_model, wrapping_build
-from polymorph.api import Gates
-from polymorph.builds import REFERENCE_BUILD
+from polymorph.contract.api import Gates
+from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.experiment.verify import Golden, default_prompts, golden, verify
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from engine_support.builds import patched_build, sensitive_model, wrapping_build
-from polymorph.api import Gates
-from polymorph.builds import REFERENCE_BUILD, knob_variant
-from polymorph.errors import BuildError
-from polymorph.store import build_id
+from polymorph.contract.api import Gates
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant
+from polymorph.contract.errors import BuildError
+from polymorph.contract.store import build_id
 from polymorph_engine.experiment.verify import default_prompts, golden, verify
 from polymorph_engine.runtime.checkpoint import load_model, weight_shapes
 from polymorph_engine.runtime.config import SHAPES

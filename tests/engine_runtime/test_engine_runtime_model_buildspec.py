@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
-from polymorph.errors import BuildError
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
+from polymorph.contract.errors import BuildError
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import forget_build, import_build, load_hotpath
 
@@ -241,7 +241,7 @@ def test_knob_variant_refuses_bad_input(tmp_path: Path) -> None:
 
 
 def test_knob_variants_have_their_own_build_ids(tmp_path: Path) -> None:
-    from polymorph.store.archive import build_id
+    from polymorph.contract.store.archive import build_id
 
     same = knob_variant(REFERENCE_BUILD, {}, tmp_path / "same")
     static = knob_variant(REFERENCE_BUILD, {"kv_cache": "static"}, tmp_path / "static")

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from polymorph.errors import UsageError
+from polymorph.contract.errors import UsageError
 from polymorph_engine.runtime.checkpoint import load_model, save_checkpoint, weight_shapes
 from polymorph_engine.runtime.config import SHAPES, ModelConfig
 from polymorph_engine.runtime.model import forward, rope_inv_freq

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from polymorph.builds import REFERENCE_BUILD, read_build
+from polymorph.contract.builds import REFERENCE_BUILD, read_build
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel, forward

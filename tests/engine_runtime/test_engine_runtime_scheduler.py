@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_support.builds import sensitive_model
-from polymorph.builds import REFERENCE_BUILD
+from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel, forward

@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polymorph.api import ExperimentRecord
-from polymorph.builds import REFERENCE_BUILD
-from polymorph.compile.runner import RemoteRunner
-from polymorph.errors import UsageError
-from polymorph.store import archive_build, build_id
-from polymorph.workload import RequestShape, Workload
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.errors import UsageError
+from polymorph.contract.runner import RemoteRunner
+from polymorph.contract.store import archive_build, build_id
+from polymorph.contract.workload import RequestShape, Workload
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor
 from polymorph_engine.sandbox.admin import serve_admin

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymorph.builds import REFERENCE_BUILD
 from polymorph.cli import main
-from polymorph.store import LocalStore, archive_build, build_archive_key
-from polymorph.workload import parse_trace
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import LocalStore, archive_build, build_archive_key
+from polymorph.contract.workload import parse_trace
 
 _URL = re.compile(r"on (http://127\.0\.0\.1:\d+)")
 

@@ -22,8 +22,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymorph.builds import REFERENCE_BUILD
-from polymorph.store import build_id
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import build_id
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving import server as server_module

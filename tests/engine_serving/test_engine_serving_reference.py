@@ -13,8 +13,8 @@ import httpx
 import pytest
 import torch
 
-from polymorph.builds import REFERENCE_BUILD
-from polymorph.store import build_id
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import build_id
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel, forward

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polymorph.api import ExperimentRecord
-from polymorph.store import Store
-from polymorph.workload import parse_trace
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.store import Store
+from polymorph.contract.workload import parse_trace
 from polymorph_engine.sandbox.admin import serve_admin
 from polymorph_engine.serving.metrics import HistogramData
 from polymorph_engine.serving.trace import TraceSampler, encode_trace, flush_trace, trace_key

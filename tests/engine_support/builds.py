@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from polymorph.builds import REFERENCE_BUILD
+from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.checkpoint import save_checkpoint, weight_shapes
 from polymorph_engine.runtime.config import SHAPES
 from polymorph_engine.runtime.model import LoadedModel

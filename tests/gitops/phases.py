@@ -17,8 +17,8 @@ from typing import Any
 
 import kopf
 
-from polymorph.api import CompileJobRef, Figures, ModelDeploymentStatus, Objective, RolloutStatus
-from polymorph.compile.documents import CampaignResult, Counts, ResultBest, Standing
+from polymorph.contract.api import CompileJobRef, Figures, ModelDeploymentStatus, Objective, RolloutStatus
+from polymorph.contract.documents import CampaignResult, Counts, ResultBest, Standing
 from polymorph.core import rollout
 from polymorph.core.analysis import AnalysisRun
 from polymorph.core.compilejobs import JobObservation, compilejob_status

@@ -10,9 +10,9 @@ from typing import Any
 from phases import CANDIDATE, compilejob_phases, deployment_phases
 from rich.console import Console
 
+from polymorph.contract.store import LocalStore, ledger_key
 from polymorph.kubectl_plugin.render import render_tree
 from polymorph.kubectl_plugin.view import compilejob_view, deployment_view, ledger_leaderboard
-from polymorph.store import LocalStore, ledger_key
 
 
 def plain(view: dict[str, object]) -> str:

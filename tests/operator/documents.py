@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from polymorph.api import Figures, Objective, WorkloadProfile
-from polymorph.api.build import TokenUsage
-from polymorph.compile.documents import (
+from polymorph.contract.api import Figures, Objective, WorkloadProfile
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.documents import (
     CampaignResult,
     Counts,
     Progress,

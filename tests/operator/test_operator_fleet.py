@@ -16,13 +16,13 @@ from operator_harness import GROUP, NS, Api
 
 from polymorph.clients.kube import KubeClient, load_configuration
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
+from polymorph.contract.store import LocalStore
 from polymorph.core.promql import Series
 from polymorph.core.resources import ClusterSettings
 from polymorph.handlers.context import AnalysisCache, Context, Health
 from polymorph.handlers.fleet import drift_cycle
 from polymorph.handlers.observability import OperatorMetrics
 from polymorph.handlers.settings import OperatorConfig
-from polymorph.store import LocalStore
 from support.k8s_emulator import EmulatorThread
 
 SHORT = {

@@ -7,7 +7,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymorph.api import CompileJobStatus, ModelDeploymentSpec, ModelDeploymentStatus
+from polymorph.contract.api import CompileJobStatus, ModelDeploymentSpec, ModelDeploymentStatus
 from polymorph.handlers import gauges
 from polymorph.handlers.bodies import lenient, serving_deployment, status_after
 from polymorph.handlers.observability import OperatorMetrics

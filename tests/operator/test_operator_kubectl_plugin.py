@@ -19,7 +19,7 @@ import pytest
 from documents import SLOW, figures
 from operator_harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
 
-from polymorph.store import S3Store, ledger_key
+from polymorph.contract.store import S3Store, ledger_key
 from support.go_tools import run_json
 from support.k8s_binaries import kubectl
 from support.k8s_emulator import EmulatorThread

@@ -27,8 +27,8 @@ from operator_harness import (
 )
 
 from charts.chart_rbac import documented_unexercised, rbac_table
-from polymorph.api import WorkloadProfile
-from polymorph.store import LocalStore, progress_key, result_key
+from polymorph.contract.api import WorkloadProfile
+from polymorph.contract.store import LocalStore, progress_key, result_key
 from support.k8s_emulator import EmulatorThread
 
 DEPLOYMENT = {

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from operator_harness import REPO
 
-from polymorph.errors import UsageError
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import Parser
 from polymorph.handlers.registry import kopf_settings
 from polymorph.handlers.settings import DRIFT_INTERVAL, SETTINGS, OperatorConfig, configure, from_args
-from polymorph.inputs import Parser
 
 BASE = ["--namespace", "a", "--prometheus-url", "http://prom:9090", "--store", "s3://bucket/store"]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from polymorph.stats import Estimate, Verdict, paired_ratio, precise_enough, steady_state, verdict
+from polymorph.contract.stats import Estimate, Verdict, paired_ratio, precise_enough, steady_state, verdict
 
 
 def est(lo: float, hi: float, value: float | None = None) -> Estimate:

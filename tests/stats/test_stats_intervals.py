@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from polymorph.stats import Estimate, median, median_ci, t_quantile
+from polymorph.contract.stats import Estimate, median, median_ci, t_quantile
 
 
 def reference_rank(n: int, confidence: float) -> tuple[int, Fraction]:

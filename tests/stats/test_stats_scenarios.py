@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from polymorph.stats import Verdict, paired_ratio, ratio, verdict
+from polymorph.contract.stats import Verdict, paired_ratio, ratio, verdict
 
 LEDGER_BASELINE = [2898.0, 2677.0, 2912.0, 2964.0, 2957.0]
 LEDGER_CANDIDATE = [4190.0, 4167.0, 4209.0, 4146.0, 4112.0]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from polymorph.stats import (
+from polymorph.contract.stats import (
     Estimate,
     median,
     median_ci,

@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.errors import StoreError
-from polymorph.store import archive_build, archive_id, build_id, canonical_tar, check_build_id, unpack_build
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store import (
+    archive_build,
+    archive_id,
+    build_id,
+    canonical_tar,
+    check_build_id,
+    unpack_build,
+)
 
 FILES = {
     "build.toml": b'name = "demo"\n',

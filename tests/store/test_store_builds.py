@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.api import BuildManifest, Figures
-from polymorph.errors import StoreError
-from polymorph.store import (
+from polymorph.contract.api import BuildManifest, Figures
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store import (
     KeyNotFound,
     Store,
     archive_build,

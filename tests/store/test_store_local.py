@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.store import LocalStore
+from polymorph.contract.store import LocalStore
 
 WRITER = """
 import sys
-from polymorph.store import LocalStore
+from polymorph.contract.store import LocalStore
 root, key, writer, count, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 store = LocalStore(root)
 for i in range(count):

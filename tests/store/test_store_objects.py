@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from polymorph.api import ExperimentRecord
-from polymorph.errors import StoreError
-from polymorph.store import KeyNotFound, Store, ledger_key, progress_key, result_key, workload_prefix
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store import KeyNotFound, Store, ledger_key, progress_key, result_key, workload_prefix
 
 
 def test_bytes_round_trip_and_overwrite(store: Store) -> None:

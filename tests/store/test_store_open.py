@@ -8,8 +8,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from polymorph.errors import StoreError, UsageError
-from polymorph.store import KeyNotFound, LocalStore, S3Store, open_store
+from polymorph.contract.errors import StoreError, UsageError
+from polymorph.contract.store import KeyNotFound, LocalStore, S3Store, open_store
 
 
 def test_default_is_a_local_store_under_the_working_directory(
@@ -139,7 +139,7 @@ def test_exists_is_false_for_missing_objects_in_s3(s3_store: S3Store) -> None:
 
 
 def test_public_api_is_complete() -> None:
-    import polymorph.store as api
+    import polymorph.contract.store as api
 
     assert all(hasattr(api, name) for name in api.__all__)
     for name in ("Store", "LocalStore", "S3Store", "open_store", "archive_build", "build_id", "unpack_build"):

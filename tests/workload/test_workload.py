@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.api import Histogram, WorkloadProfile
-from polymorph.errors import UsageError
-from polymorph.workload import (
+from polymorph.contract.api import Histogram, WorkloadProfile
+from polymorph.contract.errors import UsageError
+from polymorph.contract.workload import (
     DEFAULT_WORKLOAD,
     RequestShape,
     Workload,

@@ -1,4 +1,4 @@
-"""Benchmark: replay a workload through the scheduler and report ``polymorph.api.Figures``.
+"""Benchmark: replay a workload through the scheduler and report ``polymorph.contract.api.Figures``.
 
 Owns: turning request shapes into prompts (random token ids from a seed: content never
 matters), the replay loop, timing, and the statistics.
@@ -22,7 +22,7 @@ Protocol, identical for every build so figures compare:
   collected after it, outside the timing.
 - outputTokensPerSecond = generated tokens / pass duration; totalTokensPerSecond counts
   prompt tokens too. Both are the median over repeats; ``repeats`` lists the per-pass
-  output tok/s, ``ciLow``/``ciHigh`` bound their median (``polymorph.stats.median_ci``, 95%)
+  output tok/s, ``ciLow``/``ciHigh`` bound their median (``polymorph.contract.stats.median_ci``, 95%)
   and ``noise`` is that interval's relative half-width (never the range). TTFT and ITL
   percentiles pool every measured pass; ``ttftP95Repeats``/``itlP95Repeats`` give each pass's
   own p95, so latency objectives can be paired pass by pass too.
@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-from polymorph.api import Figures
-from polymorph.stats import median_ci
-from polymorph.workload import Workload
+from polymorph.contract.api import Figures
+from polymorph.contract.stats import median_ci
+from polymorph.contract.workload import Workload
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.scheduler import Request, Scheduler
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from polymorph import measurement
-from polymorph.api import ExperimentRecord
-from polymorph.builds import knob_variant, read_build, resolve_build_arg, resolve_knobs
-from polymorph.errors import BuildError, UsageError
-from polymorph.inputs import integer
-from polymorph.store import open_store
+from polymorph.contract import measurement
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.builds import knob_variant, read_build, resolve_build_arg, resolve_knobs
+from polymorph.contract.errors import BuildError, UsageError
+from polymorph.contract.inputs import integer
+from polymorph.contract.store import open_store
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, SupervisorStats, WorkerStartError
 from polymorph_engine.runtime.config import SHAPES, parse_dtype

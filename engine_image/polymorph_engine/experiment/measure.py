@@ -2,7 +2,7 @@
 
 Owns the measurement protocol of campaign experiments (``run.run_experiment`` calls it):
 - ``warm_up``: unmeasured passes after a swap until two consecutive ones agree within
-  ``MeasurePolicy.warmup_tolerance`` (``polymorph.stats.steady_state``), or ``max_warmup`` passes;
+  ``MeasurePolicy.warmup_tolerance`` (``polymorph.contract.stats.steady_state``), or ``max_warmup`` passes;
   it returns how many ran. First passes after a swap are slow (allocator, caches, clocks), and
   one fixed warm-up pass was not enough.
 - ``measure_one``: warm-up, then measured passes until the median's 95% interval
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from polymorph.stats import Estimate, median_ci, paired_ratio, precise_enough, steady_state
+from polymorph.contract.stats import Estimate, median_ci, paired_ratio, precise_enough, steady_state
 from polymorph_engine.experiment.bench import PassResult, throughput
 
 __all__ = [

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polymorph.api import ExperimentRecord
-from polymorph.api.build import Timings, Verification
-from polymorph.builds import REFERENCE_BUILD, read_build
-from polymorph.store import build_id
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.api.build import Timings, Verification
+from polymorph.contract.builds import REFERENCE_BUILD, read_build
+from polymorph.contract.store import build_id
 from polymorph_engine.experiment.bench import PassResult, figures_of
 from polymorph_engine.experiment.measure import (
     GPU_TARGET,

@@ -1,6 +1,6 @@
 """One experiment, in process: swap a build in, verify it, benchmark it, record the outcome.
 
-Owns: the experiment protocol and its ``polymorph.api.ExperimentRecord``:
+Owns: the experiment protocol and its ``polymorph.contract.api.ExperimentRecord``:
 - load the build into the hot ``Engine`` (an exception -> ``failed``);
 - verify against the golden outputs (an exception -> ``failed``; a gate missed, NaN/inf
   included -> ``rejected`` with the measured values);
@@ -23,7 +23,7 @@ A ``failed`` record's ``error`` is one line: the exception type and message, plu
 innermost frame inside the build's own files, so an agent can find the line.
 ``crashed`` and ``timeout`` cannot happen in process; ``supervisor.Supervisor`` records them.
 
-Also owns ``InProcessRunner``, a ``polymorph.compile.runner.Runner`` for trusted code and tests
+Also owns ``InProcessRunner``, a ``polymorph.contract.runner.Runner`` for trusted code and tests
 (``supervisor.Supervisor`` is the contained one), and ``fit_for_device``, the workload scaling
 both hot and cold runs share.
 
@@ -41,9 +41,9 @@ from typing import Any, Literal
 
 import torch
 
-from polymorph.api import ExperimentRecord, Gates
-from polymorph.api.build import PairedComparison, Timings, Verification
-from polymorph.workload import Workload, fit_workload
+from polymorph.contract.api import ExperimentRecord, Gates
+from polymorph.contract.api.build import PairedComparison, Timings, Verification
+from polymorph.contract.workload import Workload, fit_workload
 from polymorph_engine.experiment.bench import PassResult, ReusedCache, figures_of, make_prompts, replay
 from polymorph_engine.experiment.measure import (
     CPU_TARGET,
@@ -324,7 +324,7 @@ def record_paired(
 
 
 class InProcessRunner:
-    """A ``Runner`` (``polymorph.compile.runner``) in this process: no crash containment, no timeout. For trusted builds and tests."""
+    """A ``Runner`` (``polymorph.contract.runner``) in this process: no crash containment, no timeout. For trusted builds and tests."""
 
     def __init__(
         self,

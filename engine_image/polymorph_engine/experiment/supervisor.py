@@ -1,7 +1,7 @@
 """Crash containment: experiments run in a supervised child process that holds the model.
 
 ``Supervisor(model_source, device, dtype, workload, gates, experiment_timeout, ...)`` is an
-``polymorph.compile.runner.Runner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
+``polymorph.contract.runner.Runner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
 the weights once, computes the golden outputs from the reference build, and then runs one
 experiment per request over a pipe (``experiment.run_experiment`` in a hot ``Engine``).
 ``run(build_dir, against=baseline_dir)`` pairs the experiment with a baseline: the worker keeps
@@ -42,11 +42,11 @@ from typing import Any
 
 import torch
 
-from polymorph.api import ExperimentRecord, Gates, WorkloadProfile
-from polymorph.api.build import Timings, Verification
-from polymorph.builds import read_build
-from polymorph.errors import UsageError
-from polymorph.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
+from polymorph.contract.api import ExperimentRecord, Gates, WorkloadProfile
+from polymorph.contract.api.build import Timings, Verification
+from polymorph.contract.builds import read_build
+from polymorph.contract.errors import UsageError
+from polymorph.contract.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
 from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.run import BenchSettings, fit_for_device, run_experiment, vocab_size_of
 from polymorph_engine.experiment.verify import default_prompts, golden

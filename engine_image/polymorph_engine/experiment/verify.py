@@ -1,7 +1,7 @@
 """Verification: compare a candidate hot path with the reference build's golden outputs.
 
 Owns: the fixed verification prompts, computing golden outputs from the reference build,
-and judging a candidate against them with ``polymorph.api.Gates``.
+and judging a candidate against them with ``polymorph.contract.api.Gates``.
 
 Protocol (identical for golden and candidate, so differences come from the build alone):
 all P prompts are prefilled into slots 0..P-1 of one cache, then K-1 batched decode steps
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from polymorph.api import Gates, Verification
-from polymorph.builds import REFERENCE_BUILD
+from polymorph.contract.api import Gates, Verification
+from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel

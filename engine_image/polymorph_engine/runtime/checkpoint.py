@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from polymorph.errors import UsageError
+from polymorph.contract.errors import UsageError
 from polymorph_engine.runtime.config import SHAPES, ModelConfig, parse_dtype
 from polymorph_engine.runtime.model import LoadedModel
 from polymorph_engine.runtime.tokenizer import ByteTokenizer, load_tokenizer

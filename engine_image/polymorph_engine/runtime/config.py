@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from polymorph.errors import UsageError
+from polymorph.contract.errors import UsageError
 
 __all__ = ["DTYPES", "SHAPES", "ModelConfig", "RopeScaling", "parse_dtype"]
 

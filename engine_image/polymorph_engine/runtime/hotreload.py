@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from polymorph.builds import BuildDeclaration
-from polymorph.store import build_id
+from polymorph.contract.builds import BuildDeclaration
+from polymorph.contract.store import build_id
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import forget_build, load_hotpath
 from polymorph_engine.runtime.model import LoadedModel

@@ -1,6 +1,6 @@
 """Importing builds into the running engine: a fresh module per import, unregistered when done.
 
-The entry module of a build (see ``polymorph.builds`` for ``build.toml``) defines
+The entry module of a build (see ``polymorph.contract.builds`` for ``build.toml``) defines
 ``load(model, knobs) -> HotPath`` (see ``polymorph_engine.runtime.hotpath``). It is imported as a
 fresh package ``polymorph_build_<n>_<hash>`` on every call, so two imports of the same directory
 are two distinct modules; sibling modules are reached with relative imports (``from . import
@@ -25,8 +25,8 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from polymorph.builds import BuildDeclaration, KnobValue, read_build, resolve_knobs
-from polymorph.errors import BuildError
+from polymorph.contract.builds import BuildDeclaration, KnobValue, read_build, resolve_knobs
+from polymorph.contract.errors import BuildError
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.model import LoadedModel
 

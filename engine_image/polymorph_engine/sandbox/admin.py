@@ -16,7 +16,7 @@ field; a runner that raises is a 500; the server itself keeps serving. It is ser
 aiohttp server as completions (``polymorph_engine.serving.server``) and binds only to a
 loopback address.
 
-The client side is ``polymorph.compile.runner.RemoteRunner``, in the trusted package.
+The client side is ``polymorph.contract.runner.RemoteRunner``, in the trusted package.
 
 It knows nothing about agents, models or the artifact store beyond the canonical archive.
 """
@@ -35,9 +35,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polymorph.compile.runner import Runner
-from polymorph.errors import StoreError, UsageError
-from polymorph.store import archive_id, build_id, unpack_build
+from polymorph.contract.errors import StoreError, UsageError
+from polymorph.contract.runner import Runner
+from polymorph.contract.store import archive_id, build_id, unpack_build
 from polymorph_engine.serving.openai_api import RequestError, parse_body
 from polymorph_engine.serving.server import EngineServer, make_server
 

@@ -4,7 +4,7 @@ It runs agent-written builds and needs no secrets: it loads the model once into 
 worker (``experiment.supervisor.Supervisor``) and serves the admin API
 (``sandbox.admin.serve_admin``) on 127.0.0.1 only, until SIGTERM or SIGINT. The port is bound
 before the model loads, so a taken or impossible one is a one-line error at once. The workload, gates and
-experiment timeout come from the CompileJob spec (read by ``polymorph.compile.job``, as the agent
+experiment timeout come from the CompileJob spec (read by ``polymorph.contract.job``, as the agent
 container reads it); the model from ``--model`` or ``spec.model``.
 
 It only gathers inputs and wires the supervisor and the admin server together.
@@ -19,12 +19,12 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from polymorph.api import parse_duration
-from polymorph.compile.job import SPEC_ENV, read_compilejob, workload_identity
-from polymorph.errors import UsageError
-from polymorph.inputs import integer
-from polymorph.measurement import DEFAULT_REPEATS, MAX_REPEATS
-from polymorph.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
+from polymorph.contract.api import parse_duration
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import integer
+from polymorph.contract.job import SPEC_ENV, read_compilejob, workload_identity
+from polymorph.contract.measurement import DEFAULT_REPEATS, MAX_REPEATS
+from polymorph.contract.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 from polymorph_engine.sandbox.admin import serve_admin

@@ -9,7 +9,7 @@ and on shutdown; the store is written once before the model loads, so one the en
 write is refused at start-up, and a write that fails later is counted in ``/metrics`` and shown
 in ``/readyz``. SIGTERM or SIGINT stop accepting, let running requests finish (for up to
 ``--shutdown-grace``), flush the trace and exit 0, or 1 when traces were lost. Flags take the
-types of ``polymorph.inputs`` (durations, bounded numbers, names): a bad one exits 2 with one
+types of ``polymorph.contract.inputs`` (durations, bounded numbers, names): a bad one exits 2 with one
 sentence; the port is bound before the model loads, so a taken one is refused at once. At most
 ``--max-batch`` + ``--max-queue`` requests are admitted at once; more get 503 with Retry-After.
 
@@ -29,10 +29,10 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from polymorph.builds import resolve_build_arg
-from polymorph.errors import BuildError, StoreError, UsageError
-from polymorph.inputs import duration, integer, name, number
-from polymorph.store import Store, build_id, check_writable, open_store, workload_prefix
+from polymorph.contract.builds import resolve_build_arg
+from polymorph.contract.errors import BuildError, StoreError, UsageError
+from polymorph.contract.inputs import duration, integer, name, number
+from polymorph.contract.store import Store, build_id, check_writable, open_store, workload_prefix
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving.metrics import ServerMetrics

@@ -2,9 +2,9 @@
 
 Contract: ``TraceSampler.record(input_tokens, output_tokens, arrival)`` keeps a request's shape
 with probability ``sample_rate``; ``drain()`` hands back and forgets what was kept, as
-``polymorph.workload.TraceLine`` documents whose ``arrivalS`` is in seconds relative to the first kept request of the
+``polymorph.contract.workload.TraceLine`` documents whose ``arrivalS`` is in seconds relative to the first kept request of the
 batch. ``encode_trace`` turns records into JSONL lines of ``{"inputTokens", "outputTokens",
-"arrivalS"}``, the trace format ``polymorph.workload.parse_trace`` replays, and ``flush_trace`` writes one batch to
+"arrivalS"}``, the trace format ``polymorph.contract.workload.parse_trace`` replays, and ``flush_trace`` writes one batch to
 the artifact store under ``workloads/<namespace>/<model deployment>/trace-<UTC timestamp>.jsonl``.
 
 It never sees prompt text or token ids, and knows nothing about HTTP or models. The buffer
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from polymorph.store import workload_prefix
-from polymorph.workload import TraceLine
+from polymorph.contract.store import workload_prefix
+from polymorph.contract.workload import TraceLine
 
 __all__ = ["TraceSampler", "encode_trace", "flush_trace", "trace_key"]
 

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 import kubernetes
 import urllib3
 
-from polymorph.api import API_VERSION
+from polymorph.contract.api import API_VERSION
 
 __all__ = [
     "COMPILEJOBS",

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from polymorph.api import Budget
-from polymorph.api.build import TokenUsage
-from polymorph.api.common import parse_duration
 from polymorph.compile.agents.base import BudgetExhausted
 from polymorph.compile.judgement import Standings, reserved_experiments, reserved_seconds
 from polymorph.compile.selection import budget_share
+from polymorph.contract.api import Budget
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.api.common import parse_duration
 
 __all__ = ["SandboxBudget"]
 

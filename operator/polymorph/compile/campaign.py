@@ -43,14 +43,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from polymorph.api import Budget, BuildManifest, ExperimentRecord, Gates, Objective, WorkloadProfile
-from polymorph.api.build import TokenUsage
-from polymorph.builds import KnobValue, read_build
 from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted
 from polymorph.compile.budget import SandboxBudget
 from polymorph.compile.confirmation import confirm
 from polymorph.compile.context import AgentContext
-from polymorph.compile.documents import (
+from polymorph.compile.judgement import Standings, judge
+from polymorph.compile.ledger import CampaignPaths, Ledger
+from polymorph.compile.outcome import CampaignOutcome
+from polymorph.compile.selection import counts, eligible, score, select_result, summary
+from polymorph.contract.api import Budget, BuildManifest, ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.builds import KnobValue, read_build
+from polymorph.contract.documents import (
     CampaignResult,
     Progress,
     ProgressBest,
@@ -58,13 +62,9 @@ from polymorph.compile.documents import (
     SandboxState,
     StopReason,
 )
-from polymorph.compile.judgement import Standings, judge
-from polymorph.compile.ledger import CampaignPaths, Ledger
-from polymorph.compile.outcome import CampaignOutcome
-from polymorph.compile.runner import Runner
-from polymorph.compile.selection import counts, eligible, score, select_result, summary
-from polymorph.errors import BuildError
-from polymorph.store import Store, build_archive_key, build_id
+from polymorph.contract.errors import BuildError
+from polymorph.contract.runner import Runner
+from polymorph.contract.store import Store, build_archive_key, build_id
 
 __all__ = ["Campaign", "CampaignSettings"]
 

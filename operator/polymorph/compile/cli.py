@@ -32,19 +32,19 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from polymorph import measurement
-from polymorph.api import Budget, Gates, Objective, format_duration
-from polymorph.builds import resolve_build_arg
 from polymorph.compile import report_html
 from polymorph.compile.agents import make_agent
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display, final_json, render_report
-from polymorph.errors import StoreError, UsageError
-from polymorph.inputs import duration, integer, number, read_text, shown
-from polymorph.store import Store, build_id, check_writable, open_store
-from polymorph.validate import format_validation_error
+from polymorph.contract import measurement
+from polymorph.contract.api import Budget, Gates, Objective, format_duration
+from polymorph.contract.builds import resolve_build_arg
+from polymorph.contract.errors import StoreError, UsageError
+from polymorph.contract.inputs import duration, integer, number, read_text, shown
+from polymorph.contract.store import Store, build_id, check_writable, open_store
+from polymorph.contract.validate import format_validation_error
 
 # The one module of ``polymorph`` that imports the engine: it wires a local, supervised engine
 # worker into ``polymorph compile`` (an import-linter contract names this exception).
@@ -151,7 +151,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 MAX_EXPERIMENTS = 1_000_000
 CAMPAIGN_CPU_SCALE = measurement.CPU_SCALE
-"""The CPU workload caps of a campaign (``polymorph.measurement.CPU_SCALE``; bench scripts read this name)."""
+"""The CPU workload caps of a campaign (``polymorph.contract.measurement.CPU_SCALE``; bench scripts read this name)."""
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polymorph.api import Objective
-from polymorph.compile.documents import CampaignResult, Confirmation
-from polymorph.compile.runner import Runner
 from polymorph.compile.selection import describe, eligible, objective_value, score
+from polymorph.contract.api import Objective
+from polymorph.contract.documents import CampaignResult, Confirmation
+from polymorph.contract.runner import Runner
 
 __all__ = ["confirm"]
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polymorph.api import ExperimentRecord, Gates, Objective, WorkloadProfile
-from polymorph.api.build import TokenUsage
 from polymorph.compile.agents.base import Comparison
-from polymorph.stats import Estimate
+from polymorph.contract.api import ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.stats import Estimate
 
 if TYPE_CHECKING:  # the campaign builds its context; typing only, so no import cycle
     from polymorph.compile.campaign import Campaign

@@ -22,11 +22,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from polymorph.api import ExperimentRecord, Objective
 from polymorph.compile.agents.base import BudgetExhausted, Comparison
 from polymorph.compile.ledger import Ledger
 from polymorph.compile.ranking import Ranking
 from polymorph.compile.selection import compare, eligible, leaderboard, rank, record_of
+from polymorph.contract.api import ExperimentRecord, Objective
 
 __all__ = [
     "MAX_CONTENDERS",

@@ -23,8 +23,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from polymorph.api import ExperimentRecord
-from polymorph.store import Store, compilejob_prefix, ledger_key, progress_key, report_key, result_key
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.store import (
+    Store,
+    compilejob_prefix,
+    ledger_key,
+    progress_key,
+    report_key,
+    result_key,
+)
 
 __all__ = ["CampaignPaths", "Ledger", "config_uid", "experiment_key"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polymorph.api import ExperimentRecord
-from polymorph.compile.documents import CampaignResult, Progress, StopReason
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.documents import CampaignResult, Progress, StopReason
 
 __all__ = ["CampaignOutcome", "exit_status"]
 

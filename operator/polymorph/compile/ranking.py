@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polymorph import stats
+from polymorph.contract import stats
 
 __all__ = ["Z95", "Edge", "Ranking", "solve"]
 

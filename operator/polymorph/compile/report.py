@@ -27,12 +27,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, Tim
 from rich.progress import Progress as Bar
 from rich.table import Table
 
-from polymorph.api import ExperimentRecord, Objective
-from polymorph.compile.documents import Progress
 from polymorph.compile.ledger import CampaignPaths
 from polymorph.compile.outcome import CampaignOutcome
 from polymorph.compile.selection import objective_value
-from polymorph.store import Store
+from polymorph.contract.api import ExperimentRecord, Objective
+from polymorph.contract.documents import Progress
+from polymorph.contract.store import Store
 
 __all__ = ["Display", "experiments_per_hour", "final_json", "overhead", "render_report"]
 

@@ -29,11 +29,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from polymorph.api import ExperimentRecord, Objective
-from polymorph.compile.documents import CampaignResult
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.selection import eligible, objective_value, score
-from polymorph.store import Store
+from polymorph.contract.api import ExperimentRecord, Objective
+from polymorph.contract.documents import CampaignResult
+from polymorph.contract.store import Store
 
 __all__ = ["Point", "points", "publish", "render"]
 

@@ -1,7 +1,7 @@
 """``polymorph sandbox agent``: the trusted container of a CompileJob sandbox pod.
 
 It holds the Anthropic key (Claude agents) and the store credentials. It reads the CompileJob
-(``polymorph.compile.job``: ``--spec FILE`` or ``$POLYMORPH_COMPILEJOB``, a whole object with
+(``polymorph.contract.job``: ``--spec FILE`` or ``$POLYMORPH_COMPILEJOB``, a whole object with
 metadata, or a bare spec with ``--name``), waits for the engine container, drives it through
 ``runner.RemoteRunner``, and writes the ledger, progress, result and ``report.html``
 (``report_html``, over every sandbox's ledger so far) under
@@ -23,20 +23,20 @@ import json
 import tempfile
 from pathlib import Path
 
-from polymorph.api import DEFAULT_NAMESPACE, parse_duration
-from polymorph.builds import REFERENCE_BUILD
 from polymorph.compile import report_html
 from polymorph.compile.agents import make_agent
 from polymorph.compile.campaign import Campaign, CampaignSettings
-from polymorph.compile.job import SPEC_ENV, read_compilejob, sandbox_index, workload_identity
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display
-from polymorph.compile.runner import RemoteRunner
 from polymorph.compile.selection import budget_share
-from polymorph.errors import StoreError, UsageError
-from polymorph.inputs import duration, http_url, integer, read_text
-from polymorph.store import open_store
+from polymorph.contract.api import DEFAULT_NAMESPACE, parse_duration
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.errors import StoreError, UsageError
+from polymorph.contract.inputs import duration, http_url, integer, read_text
+from polymorph.contract.job import SPEC_ENV, read_compilejob, sandbox_index, workload_identity
+from polymorph.contract.runner import RemoteRunner
+from polymorph.contract.store import open_store
 
 __all__ = ["DEFAULT_PORT", "configure", "run"]
 

@@ -8,7 +8,7 @@ documents of ``documents``.
 The winning rule: paired, interleaved, with a confidence interval. A candidate can only be
 shown faster than a baseline by an experiment that benchmarked both in one engine, pass for
 pass in ABBA order (``ExperimentRecord.comparison``, against that baseline's build id). From
-the two per-pass lists of the objective metric, ``polymorph.stats.paired_ratio`` gives the
+the two per-pass lists of the objective metric, ``polymorph.contract.stats.paired_ratio`` gives the
 speedup (candidate / baseline for maximised metrics such as tok/s, baseline / candidate for
 latencies, so > 1 is always better) with a 95% interval; the candidate wins when
 ``stats.verdict(estimate, minSpeedup)`` is ``better``: the interval's lower end exceeds
@@ -37,12 +37,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from polymorph import stats
-from polymorph.api import ExperimentRecord, Figures, Gates, Objective
-from polymorph.api.common import Constraint
 from polymorph.compile.agents.base import Comparison
-from polymorph.compile.documents import CampaignResult, Counts, ResultBest, Standing
 from polymorph.compile.ranking import Z95, Edge, Ranking, solve
+from polymorph.contract import stats
+from polymorph.contract.api import ExperimentRecord, Figures, Gates, Objective
+from polymorph.contract.api.common import Constraint
+from polymorph.contract.documents import CampaignResult, Counts, ResultBest, Standing
 
 __all__ = [
     "Scored",

@@ -1,7 +1,7 @@
 """Canary analysis: each metric's value beside its threshold range, and one verdict for the run.
 
 Builtin metrics compare the canary track with the stable track, one sample per serving pod,
-through ``polymorph.stats.ratio`` (median ratio with a seeded bootstrap interval):
+through ``polymorph.contract.stats.ratio`` (median ratio with a seeded bootstrap interval):
 - ``outputTokensPerSecondRatio``: per-request decode speed, canary / stable. A pod's decode
   speed is 1 / (its mean inter-token latency) = tokens per second of one request stream.
   It does not depend on how many requests a track receives, so it stays meaningful when
@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from polymorph.api import AnalysisSpec, AnalysisValue
-from polymorph.api.deployment_status import AnalysisSamples, Verdict
-from polymorph.api.modeldeployment import AnalysisMetric, ThresholdRange
+from polymorph.contract.api import AnalysisSpec, AnalysisValue
+from polymorph.contract.api.deployment_status import AnalysisSamples, Verdict
+from polymorph.contract.api.modeldeployment import AnalysisMetric, ThresholdRange
+from polymorph.contract.stats import Estimate, ratio
 from polymorph.core.promql import TrackSamples
-from polymorph.stats import Estimate, ratio
 
 __all__ = ["AnalysisRun", "MetricResult", "builtin_estimate", "judge", "run_analysis"]
 

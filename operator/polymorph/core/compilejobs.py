@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from polymorph.api import (
+from polymorph.contract.api import (
     API_VERSION,
     TERMINAL_PHASES,
     BuildResult,
@@ -40,7 +40,7 @@ from polymorph.api import (
     WorkloadSpec,
     parse_duration,
 )
-from polymorph.compile.documents import CampaignResult, Progress
+from polymorph.contract.documents import CampaignResult, Progress
 from polymorph.core import drift
 from polymorph.core.conditions import compilejob_progress, set_condition, set_progress
 from polymorph.core.resources import LABEL_MANAGED_BY, LABEL_MODEL_DEPLOYMENT, MANAGED_BY, owner_reference

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from polymorph.api import Condition
+from polymorph.contract.api import Condition
 
 __all__ = [
     "CONDITION_TYPES",

@@ -28,7 +28,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from polymorph.api import Histogram, WorkloadProfile
+from polymorph.contract.api import Histogram, WorkloadProfile
 
 __all__ = ["SATURATION_DOUBLINGS", "DriftResult", "emd_log2", "quantile_shift", "score"]
 

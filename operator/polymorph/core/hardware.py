@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from polymorph.api import HardwareSpec
-from polymorph.api.modeldeployment import DEFAULT_RESOURCE_NAMES
+from polymorph.contract.api import HardwareSpec
+from polymorph.contract.api.modeldeployment import DEFAULT_RESOURCE_NAMES
 
 __all__ = ["PROFILES", "HardwareProfile", "PodPlacement", "placement"]
 

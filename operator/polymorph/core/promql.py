@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from polymorph.api import Histogram, WorkloadProfile
+from polymorph.contract.api import Histogram, WorkloadProfile
 
 __all__ = [
     "ANALYSIS_QUERIES",

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from polymorph.api import CompileJob, ModelDeployment, parse_duration
-from polymorph.api.modeldeployment import ModelSource
+from polymorph.contract.api import CompileJob, ModelDeployment, parse_duration
+from polymorph.contract.api.modeldeployment import ModelSource
 from polymorph.core.hardware import placement
 
 __all__ = [

@@ -14,7 +14,7 @@ Rules:
   the step's pause and analysis interval count from it. Analysis is due every ``interval``
   after that. The step advances once its pause has passed and its latest analysis passed,
   and never while the metrics cannot be read (``metrics_ok`` false: Prometheus is down).
-- The state is ``polymorph.api.RolloutStatus``, the record the operator keeps in
+- The state is ``polymorph.contract.api.RolloutStatus``, the record the operator keeps in
   ``status.rollout`` (``to_status`` adds the weights shown to people, ``from_status`` reads
   the state back; the two round-trip exactly), and
   times come from recorded timestamps; after a restart it continues where it was. Replaying
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from polymorph.api import RolloutPhase, RolloutStatus
+from polymorph.contract.api import RolloutPhase, RolloutStatus
 from polymorph.core.analysis import AnalysisRun
 
 __all__ = [

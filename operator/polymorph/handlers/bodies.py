@@ -23,7 +23,7 @@ from typing import Any, TypeVar, get_args
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from polymorph.api import (
+from polymorph.contract.api import (
     DEFAULT_NAMESPACE,
     RETIRED_ROLLOUT_PHASES,
     CompileJob,
@@ -32,11 +32,11 @@ from polymorph.api import (
     ModelDeploymentStatus,
     RolloutPhase,
 )
+from polymorph.contract.validate import validate_document
 from polymorph.core.compilejobs import JobObservation
 from polymorph.core.patch import JSON, merged
 from polymorph.core.resources import ANNOTATION_BUILD_ID, LABEL_MODEL_DEPLOYMENT
 from polymorph.core.rollout import TrackObservation
-from polymorph.validate import validate_document
 
 __all__ = [
     "CompileJobIndex",

@@ -24,7 +24,8 @@ import asyncio
 import kopf
 from pydantic import ValidationError
 
-from polymorph.api import (
+from polymorph.clients.kube import CONFIGMAPS, JOBS, MODELDEPLOYMENTS, KubeError, apply
+from polymorph.contract.api import (
     TERMINAL_PHASES,
     BuildSpec,
     CompileJob,
@@ -32,13 +33,13 @@ from polymorph.api import (
     ModelDeployment,
     ModelDeploymentStatus,
 )
-from polymorph.clients.kube import CONFIGMAPS, JOBS, MODELDEPLOYMENTS, KubeError, apply
-from polymorph.compile.documents import CampaignResult, Progress
+from polymorph.contract.documents import CampaignResult, Progress
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store import KeyNotFound, progress_key, result_key
 from polymorph.core import compilejobs
 from polymorph.core.conditions import compilejob_progress, set_progress
 from polymorph.core.patch import JSON, sequenced_patch
 from polymorph.core.resources import sandbox_configmap, sandbox_job
-from polymorph.errors import StoreError
 from polymorph.handlers.bodies import (
     ObjectRef,
     RawBody,
@@ -52,7 +53,6 @@ from polymorph.handlers.bodies import (
 )
 from polymorph.handlers.context import Context
 from polymorph.handlers.observability import object_log
-from polymorph.store import KeyNotFound, progress_key, result_key
 
 __all__ = ["create", "progress"]
 

@@ -17,13 +17,13 @@ from datetime import UTC, datetime
 
 from polymorph.clients.kube import EVENTS, Kube, KubeError
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
+from polymorph.contract.store import Store
 from polymorph.core import promql
 from polymorph.core.patch import JSON
 from polymorph.core.promql import DeploymentKey, TrackSamples
 from polymorph.handlers.bodies import ObjectRef
 from polymorph.handlers.observability import OperatorMetrics, object_log
 from polymorph.handlers.settings import OperatorConfig
-from polymorph.store import Store
 
 __all__ = [
     "AnalysisCache",

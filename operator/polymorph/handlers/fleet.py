@@ -26,9 +26,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from polymorph.api import DEFAULT_NAMESPACE, TERMINAL_PHASES, ModelDeployment
 from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeError
 from polymorph.clients.prometheus import PrometheusUnavailable
+from polymorph.contract.api import DEFAULT_NAMESPACE, TERMINAL_PHASES, ModelDeployment
 from polymorph.core import promql
 from polymorph.core.compilejobs import drift_decision, plan_compilejob
 from polymorph.core.patch import JSON

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from polymorph.api import (
+from polymorph.contract.api import (
     TERMINAL_PHASES,
     CompileJobStatus,
     ExperimentCounts,

@@ -27,7 +27,9 @@ from datetime import datetime
 
 import kopf
 
-from polymorph.api import (
+from polymorph.clients.kube import DEPLOYMENTS, SERVICES, KubeError, apply, contains
+from polymorph.clients.prometheus import PrometheusUnavailable
+from polymorph.contract.api import (
     BuildStatus,
     ModelDeployment,
     ModelDeploymentStatus,
@@ -35,8 +37,6 @@ from polymorph.api import (
     RolloutStatus,
     parse_duration,
 )
-from polymorph.clients.kube import DEPLOYMENTS, SERVICES, KubeError, apply, contains
-from polymorph.clients.prometheus import PrometheusUnavailable
 from polymorph.core import promql, rollout
 from polymorph.core.analysis import AnalysisRun, run_analysis
 from polymorph.core.conditions import (

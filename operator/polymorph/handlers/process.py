@@ -26,12 +26,12 @@ import kopf
 
 from polymorph.clients.kube import KubeClient, KubeError
 from polymorph.clients.prometheus import CountingQuery, PrometheusQuery, PrometheusUnavailable
-from polymorph.errors import UsageError
+from polymorph.contract.errors import UsageError
+from polymorph.contract.store import check_writable, open_store
 from polymorph.handlers import settings as flags
 from polymorph.handlers.context import AnalysisCache, Context, Freshness, Health
 from polymorph.handlers.observability import OperatorMetrics, configure_logging, object_log
 from polymorph.handlers.registry import build_registry, kopf_settings
-from polymorph.store import check_writable, open_store
 
 __all__ = ["build_context", "configure", "run"]
 

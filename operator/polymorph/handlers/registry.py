@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 import kopf
 
-from polymorph.api import (
+from polymorph.contract.api import (
     API_VERSION,
     TERMINAL_PHASES,
     CompileJobStatus,

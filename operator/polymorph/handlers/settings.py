@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from polymorph.api import parse_duration
+from polymorph.contract.api import parse_duration
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import check_http_url, shown
 from polymorph.core.resources import ClusterSettings
-from polymorph.errors import UsageError
-from polymorph.inputs import check_http_url, shown
 
 __all__ = [
     "SETTINGS",
@@ -40,7 +40,7 @@ T = TypeVar("T", covariant=True)
 
 def parse_interval(value: str, flag: str) -> float:
     """Seconds in ``value``: the one duration syntax of every command and manifest
-    (``polymorph.api.parse_duration``: ``500ms``, ``30s``, ``1m``, ``6h``, ``1d``; bare seconds
+    (``polymorph.contract.api.parse_duration``: ``500ms``, ``30s``, ``1m``, ``6h``, ``1d``; bare seconds
     such as ``30`` are refused with the unit they need)."""
     try:
         return parse_duration(value.strip())

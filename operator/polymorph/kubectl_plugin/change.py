@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.text import Text
 
-from polymorph.api.common import API_VERSION, BUILD_ID_PATTERN
 from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS
+from polymorph.contract.api.common import API_VERSION, BUILD_ID_PATTERN
 from polymorph.core.resources import ANNOTATION_ABORT, ANNOTATION_APPROVE
 from polymorph.kubectl_plugin.read import Session, print_json
 from polymorph.kubectl_plugin.view import JSON, Refused, short_id

@@ -11,19 +11,19 @@ from typing import NoReturn
 from rich.console import Console
 
 from polymorph.clients.kube import KubeError
-from polymorph.errors import StoreError, UsageError
-from polymorph.inputs import Parser, duration
+from polymorph.contract.errors import StoreError, UsageError
+from polymorph.contract.inputs import Parser, duration
+from polymorph.contract.store import open_store
 from polymorph.kubectl_plugin.change import cmd_abort, cmd_approve, cmd_pin, cmd_retry, cmd_unpin
 from polymorph.kubectl_plugin.read import Session, cmd_get, cmd_list, connect
 from polymorph.kubectl_plugin.view import Refused
-from polymorph.store import open_store
 
 # --------------------------------------------------------------------------------------------
 # Command line.
 
 
 class _Parser(Parser):
-    """``polymorph.inputs.Parser`` (defaults in help, ``-5m`` read as a value) with kubectl's wording."""
+    """``polymorph.contract.inputs.Parser`` (defaults in help, ``-5m`` read as a value) with kubectl's wording."""
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"kubectl polymorph: {message.rstrip('.')}. See kubectl polymorph --help.\n")
@@ -31,7 +31,7 @@ class _Parser(Parser):
 
 
 _interval = duration()
-"""The one duration syntax of every polymorph command (``polymorph.inputs.duration``)."""
+"""The one duration syntax of every polymorph command (``polymorph.contract.inputs.duration``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,9 +19,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from polymorph.api.common import DEFAULT_NAMESPACE
 from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeClient, KubeError
-from polymorph.errors import StoreError
+from polymorph.contract.api.common import DEFAULT_NAMESPACE
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store import Store
 from polymorph.kubectl_plugin.render import render_list, render_tree, table_text, word
 from polymorph.kubectl_plugin.view import (
     JSON,
@@ -32,7 +33,6 @@ from polymorph.kubectl_plugin.view import (
     ledger_leaderboard,
     ledger_records,
 )
-from polymorph.store import Store
 
 # --------------------------------------------------------------------------------------------
 # The cluster side.

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from polymorph.api.common import DEFAULT_NAMESPACE
+from polymorph.contract.api.common import DEFAULT_NAMESPACE
+from polymorph.contract.store import KeyNotFound, Store, ledger_key
 from polymorph.core.resources import ANNOTATION_ABORT, ANNOTATION_APPROVE
-from polymorph.store import KeyNotFound, Store, ledger_key
 
 JSON = dict[str, Any]
 KINDS = {"md": "md", "modeldeployment": "md", "modeldeployments": "md", "cj": "cj", "compilejob": "cj", "compilejobs": "cj"}  # fmt: skip

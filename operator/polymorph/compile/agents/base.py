@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from polymorph.api import ExperimentRecord, Gates, Objective, WorkloadProfile
-from polymorph.api.build import TokenUsage
-from polymorph.compile.documents import StopReason
-from polymorph.stats import Estimate
+from polymorph.contract.api import ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.documents import StopReason
+from polymorph.contract.stats import Estimate
 
 __all__ = ["Agent", "AgentError", "BudgetExhausted", "CampaignContext", "Comparison", "StopReason"]
 

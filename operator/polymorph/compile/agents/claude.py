@@ -38,7 +38,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polymorph.api.build import TokenUsage
 from polymorph.compile.agents.base import AgentError, BudgetExhausted, CampaignContext
 from polymorph.compile.agents.claude_context import (
     MAX_FILE_BYTES,
@@ -52,7 +51,8 @@ from polymorph.compile.agents.claude_context import (
     safe_path,
     system_prompt,
 )
-from polymorph.errors import StoreError, UsageError
+from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.errors import StoreError, UsageError
 
 __all__ = ["TOOLS", "ClaudeAgent", "ToolError", "compact", "resolve_api_key", "safe_path"]
 

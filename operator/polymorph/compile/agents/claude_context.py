@@ -12,8 +12,8 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from polymorph.api import ExperimentRecord
 from polymorph.compile.agents.base import CampaignContext
+from polymorph.contract.api import ExperimentRecord
 
 __all__ = [
     "ELIDED",

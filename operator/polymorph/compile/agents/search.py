@@ -61,11 +61,11 @@ from typing import Any
 
 import numpy as np
 
-from polymorph.api import ExperimentRecord
-from polymorph.builds import knob_variant, read_build
 from polymorph.compile.agents.base import CampaignContext
 from polymorph.compile.ranking import Edge, Ranking, solve
-from polymorph.store import build_id
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.builds import knob_variant, read_build
+from polymorph.contract.store import build_id
 
 __all__ = [
     "KnobModel",

@@ -12,8 +12,8 @@ stored.
 
 from __future__ import annotations
 
-from polymorph.errors import StoreError
-from polymorph.store.archive import check_build_id
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store.archive import check_build_id
 
 __all__ = [
     "build_archive_key",

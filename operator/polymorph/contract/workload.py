@@ -1,7 +1,7 @@
 """Benchmark workloads: a list of request shapes drawn from a profile or read from a trace.
 
 Owns: sampling request shapes (input length, output length, arrival offset) from a
-``polymorph.api.WorkloadProfile`` with a seed, reading JSONL traces, reading workload files,
+``polymorph.contract.api.WorkloadProfile`` with a seed, reading JSONL traces, reading workload files,
 and scaling a workload down to what a device can run quickly while keeping its shape.
 
 A profile histogram bucket ``i`` covers lengths ``(bounds[i-1], bounds[i]]`` (``[1, bounds[0]]``
@@ -10,7 +10,7 @@ loop: every request arrives at offset 0 and at most ``concurrency`` run at once.
 workloads are open loop: each request arrives at its offset.
 
 Workload files: a trace is named ``*.jsonl`` (any case) or is JSON lines whatever its name; any
-other file is a YAML/JSON profile, read with ``polymorph.yaml_input.load_yaml`` (duplicate keys and
+other file is a YAML/JSON profile, read with ``polymorph.contract.yaml_input.load_yaml`` (duplicate keys and
 alias bombs refused) and checked with ``polymorph validate``'s phrasing for field errors.
 
 Trace lines are ``TraceLine`` documents: JSON objects ``{"inputTokens": int >= 1, "outputTokens":
@@ -32,11 +32,11 @@ from pathlib import Path
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from polymorph.api import Histogram, WorkloadProfile
-from polymorph.errors import UsageError
-from polymorph.inputs import read_text, shown
-from polymorph.validate import format_validation_error
-from polymorph.yaml_input import MAX_NUMBER_DIGITS, bounded_int, load_yaml
+from polymorph.contract.api import Histogram, WorkloadProfile
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import read_text, shown
+from polymorph.contract.validate import format_validation_error
+from polymorph.contract.yaml_input import MAX_NUMBER_DIGITS, bounded_int, load_yaml
 
 __all__ = [
     "DEFAULT_WORKLOAD",
@@ -211,7 +211,7 @@ def load_workload(path: str | Path, n: int = 64, seed: int = 0) -> Workload:
 def read_workload(path: str | Path, n: int = 64, seed: int = 0) -> tuple[Workload, WorkloadProfile]:
     """A workload file's requests and its profile (a trace's is derived with ``profile_of``).
 
-    The file is read with ``polymorph.inputs.read_text`` (at most ``MAX_FILE_BYTES``, UTF-8). A
+    The file is read with ``polymorph.contract.inputs.read_text`` (at most ``MAX_FILE_BYTES``, UTF-8). A
     profile may be the bare profile or wrapped as ``{profile: ...}`` (the CompileJob
     ``spec.workload`` shape); ``n`` requests are sampled from it with ``seed``. No request may
     ask for more than ``MAX_REQUEST_TOKENS``. Raises ``UsageError`` (one sentence naming the

@@ -1,7 +1,7 @@
 """A sandbox pod's CompileJob input, read the same way by both of its containers.
 
 Owns: reading the CompileJob from ``--spec FILE`` or ``$POLYMORPH_COMPILEJOB`` (JSON or YAML: a
-whole object with metadata, or a bare spec), checked by ``polymorph.validate`` so that problems
+whole object with metadata, or a bare spec), checked by ``polymorph.contract.validate`` so that problems
 read as everywhere else (``spec.budget.sandboxz: unknown field ...``); the workload identity the
 ledger keys experiments by; and the sandbox's index among ``spec.budget.sandboxes``.
 
@@ -15,12 +15,12 @@ import hashlib
 import os
 from collections.abc import Mapping
 
-from polymorph.api import API_VERSION, CompileJob, CompileJobSpec, WorkloadProfile
-from polymorph.errors import UsageError
-from polymorph.inputs import read_text
-from polymorph.validate import validate_document
-from polymorph.workload import DEFAULT_WORKLOAD
-from polymorph.yaml_input import load_yaml
+from polymorph.contract.api import API_VERSION, CompileJob, CompileJobSpec, WorkloadProfile
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import read_text
+from polymorph.contract.validate import validate_document
+from polymorph.contract.workload import DEFAULT_WORKLOAD
+from polymorph.contract.yaml_input import load_yaml
 
 __all__ = ["SPEC_ENV", "read_compilejob", "sandbox_index", "workload_identity"]
 

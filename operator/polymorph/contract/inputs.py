@@ -6,7 +6,7 @@ flags through these types, so a value means the same everywhere and a bad one ge
 sentence: ``argparse`` prints ``polymorph <command>: argument --flag: <what is allowed; what was
 given>`` and exits 2. Values are checked before they are used, and before anything large is read:
 
-- ``duration()``: the one duration syntax (``polymorph.api.parse_duration``), the same as manifests
+- ``duration()``: the one duration syntax (``polymorph.contract.api.parse_duration``), the same as manifests
   and the chart's values: a whole number and a unit ``ms``, ``s``, ``m``, ``h`` or ``d``. A
   negative value (``-5m``) is a value, not a flag (``Parser`` sees to that), and is refused as such.
 - ``integer(lo, hi)`` and ``number(lo, hi)``: bounded whole and finite numbers; text longer than
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from polymorph.api.common import DNS_LABEL_PATTERN, parse_duration
-from polymorph.errors import UsageError
+from polymorph.contract.api.common import DNS_LABEL_PATTERN, parse_duration
+from polymorph.contract.errors import UsageError
 
 __all__ = [
     "MAX_FILE_BYTES",

@@ -36,9 +36,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from polymorph.api.build import BuildManifest
-from polymorph.errors import StoreError
-from polymorph.store.archive import (
+from polymorph.contract.api.build import BuildManifest
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store.archive import (
     BUILD_ID_PREFIX,
     _gunzip,
     _gzip,
@@ -46,8 +46,8 @@ from polymorph.store.archive import (
     canonical_tar,
     check_build_id,
 )
-from polymorph.store.archive import build_id as tree_id
-from polymorph.store.layout import BUILDS, build_archive_key, build_manifest_key
+from polymorph.contract.store.archive import build_id as tree_id
+from polymorph.contract.store.layout import BUILDS, build_archive_key, build_manifest_key
 
 __all__ = ["JsonRecord", "KeyNotFound", "Store", "encode_jsonl", "parse_jsonl"]
 

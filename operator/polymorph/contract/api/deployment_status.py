@@ -16,8 +16,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from polymorph.api.build import Figures
-from polymorph.api.common import Condition, StatusModel, WorkloadProfile
+from polymorph.contract.api.build import Figures
+from polymorph.contract.api.common import Condition, StatusModel, WorkloadProfile
 
 __all__ = [
     "RETIRED_ROLLOUT_PHASES",

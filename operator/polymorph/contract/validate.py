@@ -1,6 +1,6 @@
 """Checking ModelDeployment and CompileJob manifests, and ``polymorph validate``.
 
-Owns: dispatching each document (read by ``polymorph.yaml_input``: bounded, duplicate keys
+Owns: dispatching each document (read by ``polymorph.contract.yaml_input``: bounded, duplicate keys
 refused) on apiVersion/kind to its model, and translating pydantic errors into one line per
 problem for people: ``spec.rollout.steps[1].weight: must be <= 100``; "did you mean"
 suggestions are made only for short names, never over a large value. Spec fields are
@@ -24,18 +24,24 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from polymorph import api
-from polymorph.api import API_VERSION, CompileJob, CompileJobSpec, ModelDeployment, ModelDeploymentSpec
-from polymorph.api.common import (
+from polymorph.contract import api
+from polymorph.contract.api import (
+    API_VERSION,
+    CompileJob,
+    CompileJobSpec,
+    ModelDeployment,
+    ModelDeploymentSpec,
+)
+from polymorph.contract.api.common import (
     BUILD_ID_PATTERN,
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     DURATION_PATTERN,
 )
-from polymorph.api.rules import FieldError
-from polymorph.errors import UsageError
-from polymorph.inputs import read_text
-from polymorph.yaml_input import documents, yaml_problem
+from polymorph.contract.api.rules import FieldError
+from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import read_text
+from polymorph.contract.yaml_input import documents, yaml_problem
 
 Resource = ModelDeployment | CompileJob
 KINDS: dict[str, tuple[type[ModelDeployment] | type[CompileJob], type[BaseModel]]] = {
@@ -215,7 +221,7 @@ def format_validation_error(
 
     ``prefix`` is put in front of every line as given (e.g. ``"crd.yaml: ModelDeployment/x: "``).
     ``root`` is the model that was validated; with it, an unknown field's line lists the
-    allowed fields and suggests the closest one. It defaults to the ``polymorph.api`` model
+    allowed fields and suggests the closest one. It defaults to the ``polymorph.contract.api`` model
     named in the error's title; for other models the line only names the field.
     """
     if root is None:

@@ -3,7 +3,7 @@
 Owns: the strict base model (unknown fields are errors), durations, build ids, workload
 profiles, the CompileJob pieces (objective, gates, budget, agent) that a campaign needs, and
 the Kubernetes pieces every resource has (object metadata, status conditions).
-Every cross-field rule is a ``Rule`` in the model's ``RULES`` (see ``polymorph.api.rules``):
+Every cross-field rule is a ``Rule`` in the model's ``RULES`` (see ``polymorph.contract.api.rules``):
 StrictModel runs them as its validator and writes them into the schema as CEL.
 It knows nothing about any one resource as a whole; those live in the resource modules.
 """
@@ -26,10 +26,16 @@ from pydantic import (
     model_validator,
 )
 
-from polymorph.api.rules import (
+from polymorph.contract.api.rules import (
     FieldError as FieldError,  # re-exported: validators raise it, validate reads it
 )
-from polymorph.api.rules import Rule, add_rules, cel_strictly_increasing, check_rules, strictly_increasing
+from polymorph.contract.api.rules import (
+    Rule,
+    add_rules,
+    cel_strictly_increasing,
+    check_rules,
+    strictly_increasing,
+)
 
 _DURATION = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}

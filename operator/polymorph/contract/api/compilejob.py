@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from polymorph.api.common import (
+from polymorph.contract.api.common import (
     API_VERSION,
     DNS_LABEL_PATTERN,
     AgentSpec,
@@ -31,8 +31,8 @@ from polymorph.api.common import (
     StrictModel,
     WorkloadProfile,
 )
-from polymorph.api.modeldeployment import HardwareSpec, ModelSource
-from polymorph.api.rules import Rule
+from polymorph.contract.api.modeldeployment import HardwareSpec, ModelSource
+from polymorph.contract.api.rules import Rule
 
 TRACE_URI_PATTERN = r"^(s3://[^/\s]+/\S+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/\S+|[^:\s][^:]*)$"
 """A captured trace: ``s3://bucket/key``, ``pvc://claim/path`` or a local path."""

@@ -2,7 +2,7 @@
 
 Owns: ``Rule`` (a CEL expression over ``self``, the one sentence that both the API server and
 ``polymorph validate`` print, the field it points at, and the Python predicate pydantic runs),
-``FieldError`` (how a broken rule reaches ``polymorph.validate`` with its location), and the
+``FieldError`` (how a broken rule reaches ``polymorph.contract.validate`` with its location), and the
 two hooks a model class uses: ``check_rules`` for its after-validator and ``add_rules`` for its
 JSON schema (``x-kubernetes-validations``).
 
@@ -37,7 +37,7 @@ class FieldError(ValueError):
     """A cross-field rule broken at a known place inside the model, e.g. ``steps``.
 
     Raised from a model validator; pydantic reports it at the model's location and keeps the
-    exception, so ``polymorph.validate`` can point at ``loc`` beneath it. The message alone
+    exception, so ``polymorph.contract.validate`` can point at ``loc`` beneath it. The message alone
     still reads as a sentence where nobody looks at ``loc``.
     """
 

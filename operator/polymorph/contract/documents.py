@@ -5,7 +5,7 @@ budget left, baseline and best so far; it is rewritten after every experiment. `
 is ``result.json``: the campaign's outcome across every sandbox's ledger (best build or an
 explicit "no improvement"). Each is written with ``model_dump(mode="json")`` and read back with
 ``model_validate`` by the campaign, the sandbox summary and the operator (which maps them onto
-CompileJob status). Ledger lines are ``polymorph.api.ExperimentRecord``.
+CompileJob status). Ledger lines are ``polymorph.contract.api.ExperimentRecord``.
 
 It is torch-free and knows nothing about how the documents are computed (``selection``,
 ``campaign``) or where they are stored (``ledger.CampaignPaths``).
@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from polymorph.api import ExperimentStatus, Figures, Objective, WorkloadProfile
-from polymorph.api.build import TokenUsage
+from polymorph.contract.api import ExperimentStatus, Figures, Objective, WorkloadProfile
+from polymorph.contract.api.build import TokenUsage
 
 __all__ = [
     "CampaignResult",
@@ -85,7 +85,7 @@ class ProgressBest(Standing):
     ``speedupCi`` its 95% interval, ``speedupNoise`` the interval's relative half-width and
     ``pairs`` the interleaved pairs behind it (0: not paired with the baseline, so the speedup
     is a ratio of medians and never significant). ``significant``: the interval's lower end
-    clears ``minSpeedup`` (``polymorph.stats.verdict`` is ``better``).
+    clears ``minSpeedup`` (``polymorph.contract.stats.verdict`` is ``better``).
     """
 
     speedup: float

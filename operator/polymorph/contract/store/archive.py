@@ -34,7 +34,7 @@ import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from polymorph.errors import StoreError
+from polymorph.contract.errors import StoreError
 
 __all__ = [
     "BUILD_ID_PREFIX",

@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polymorph.errors import BuildError, StoreError, UsageError
-from polymorph.store import Store, check_build_id
+from polymorph.contract.errors import BuildError, StoreError, UsageError
+from polymorph.contract.store import Store, check_build_id
 
 __all__ = [
     "REFERENCE_BUILD",

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from polymorph.store.base import JsonRecord, KeyNotFound, Store, encode_jsonl
-from polymorph.store.layout import check_key, check_prefix
+from polymorph.contract.store.base import JsonRecord, KeyNotFound, Store, encode_jsonl
+from polymorph.contract.store.layout import check_key, check_prefix
 
 __all__ = ["DEFAULT_LOCAL_STORE", "LocalStore"]
 

@@ -6,9 +6,9 @@
 ``$POLYMORPH_S3_ENDPOINT`` or ``$AWS_ENDPOINT_URL`` and whose region comes from
 ``$AWS_REGION`` or ``$AWS_DEFAULT_REGION``. A URI it cannot use is a ``UsageError``.
 
-Builds are content-addressed: see ``polymorph.store.archive`` for the canonical archive and
-the build id, ``polymorph.store.base`` for the contracts every store keeps, and
-``polymorph.store.layout`` for the keys.
+Builds are content-addressed: see ``polymorph.contract.store.archive`` for the canonical archive and
+the build id, ``polymorph.contract.store.base`` for the contracts every store keeps, and
+``polymorph.contract.store.layout`` for the keys.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from polymorph.errors import StoreError, UsageError
-from polymorph.store.archive import (
+from polymorph.contract.errors import StoreError, UsageError
+from polymorph.contract.store.archive import (
     MAX_BUILD_BYTES,
     archive_build,
     archive_id,
@@ -29,8 +29,8 @@ from polymorph.store.archive import (
     check_build_id,
     unpack_build,
 )
-from polymorph.store.base import JsonRecord, KeyNotFound, Store
-from polymorph.store.layout import (
+from polymorph.contract.store.base import JsonRecord, KeyNotFound, Store
+from polymorph.contract.store.layout import (
     build_archive_key,
     build_manifest_key,
     compilejob_prefix,
@@ -40,8 +40,8 @@ from polymorph.store.layout import (
     result_key,
     workload_prefix,
 )
-from polymorph.store.local import DEFAULT_LOCAL_STORE, LocalStore
-from polymorph.store.s3 import S3Store
+from polymorph.contract.store.local import DEFAULT_LOCAL_STORE, LocalStore
+from polymorph.contract.store.s3 import S3Store
 
 __all__ = [
     "DEFAULT_LOCAL_STORE",

@@ -4,7 +4,7 @@ The resources are ``ModelDeployment`` and ``CompileJob`` (whole objects with api
 kind, metadata, spec and status); their specs and statuses are exported beside them.
 """
 
-from polymorph.api.build import (
+from polymorph.contract.api.build import (
     BuildManifest,
     ExperimentRecord,
     ExperimentStatus,
@@ -12,7 +12,7 @@ from polymorph.api.build import (
     PairedComparison,
     Verification,
 )
-from polymorph.api.common import (
+from polymorph.contract.api.common import (
     API_GROUP,
     API_VERSION,
     DEFAULT_NAMESPACE,
@@ -35,7 +35,7 @@ from polymorph.api.common import (
     format_duration,
     parse_duration,
 )
-from polymorph.api.compilejob import (
+from polymorph.contract.api.compilejob import (
     TERMINAL_PHASES,
     BuildResult,
     CompileJob,
@@ -47,7 +47,7 @@ from polymorph.api.compilejob import (
     SandboxProgress,
     WorkloadSpec,
 )
-from polymorph.api.deployment_status import (
+from polymorph.contract.api.deployment_status import (
     RETIRED_ROLLOUT_PHASES,
     AnalysisValue,
     BuildStatus,
@@ -61,7 +61,7 @@ from polymorph.api.deployment_status import (
     TrafficStatus,
     Verdict,
 )
-from polymorph.api.modeldeployment import (
+from polymorph.contract.api.modeldeployment import (
     Accelerator,
     AnalysisMetric,
     AnalysisSpec,

@@ -20,9 +20,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from polymorph.errors import StoreError
-from polymorph.store.base import JsonRecord, KeyNotFound, Store, complete_lines, encode_jsonl
-from polymorph.store.layout import check_key, check_prefix
+from polymorph.contract.errors import StoreError
+from polymorph.contract.store.base import JsonRecord, KeyNotFound, Store, complete_lines, encode_jsonl
+from polymorph.contract.store.layout import check_key, check_prefix
 
 if TYPE_CHECKING:
     from boto3.session import Session

@@ -2,7 +2,7 @@
 
 Owns: the spec models (model, hardware, engine, build policy, recompile, rollout) and the whole
 object (apiVersion, kind, metadata, spec, status); the status models are in
-``polymorph.api.deployment_status``. Field names, enums and defaults are the user-facing
+``polymorph.contract.api.deployment_status``. Field names, enums and defaults are the user-facing
 contract. Every cross-field rule is a ``Rule`` beside its model: one declaration gives the
 pydantic check and the CRD's CEL rule, with one sentence for both. It knows nothing about how
 the operator acts on a deployment.
@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from polymorph.api.common import (
+from polymorph.contract.api.common import (
     API_VERSION,
     DNS_LABEL_PATTERN,
     AgentSpec,
@@ -30,8 +30,8 @@ from polymorph.api.common import (
     ResourceModel,
     StrictModel,
 )
-from polymorph.api.deployment_status import ModelDeploymentStatus
-from polymorph.api.rules import Rule, strictly_increasing
+from polymorph.contract.api.deployment_status import ModelDeploymentStatus
+from polymorph.contract.api.rules import Rule, strictly_increasing
 
 Accelerator = Literal[
     "cpu", "nvidia-h100", "nvidia-h200", "nvidia-b200", "amd-mi300x", "amd-mi355x", "aws-trainium2"

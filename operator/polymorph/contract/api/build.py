@@ -1,6 +1,6 @@
 """Build manifests and experiment records, shared by the engine, the agents and the operator.
 
-A build is identified by the sha256 of its canonical archive (see ``polymorph.store``).
+A build is identified by the sha256 of its canonical archive (see ``polymorph.contract.store``).
 An experiment record is one line of a campaign ledger.
 """
 
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from polymorph.api.common import StrictModel, WorkloadProfile
+from polymorph.contract.api.common import StrictModel, WorkloadProfile
 
 ExperimentStatus = Literal["passed", "rejected", "failed", "crashed", "timeout"]
 
@@ -27,7 +27,7 @@ class Figures(StrictModel):
     (``polymorph_engine.experiment.measure``). Throughputs are the median over passes; the
     latency percentiles pool every measured pass. ``noise`` is no longer a range: it is the
     relative half-width of the 95% distribution-free confidence interval of the median output
-    tok/s (``polymorph.stats.median_ci``: ``(ciHigh - ciLow) / 2 / outputTokensPerSecond``). It
+    tok/s (``polymorph.contract.stats.median_ci``: ``(ciHigh - ciLow) / 2 / outputTokensPerSecond``). It
     describes one build's own repeatability; whether a build beats another is decided only by a
     paired comparison (``ExperimentRecord.comparison``), never by comparing two ``noise`` values.
     """
@@ -67,7 +67,7 @@ class PairedComparison(StrictModel):
     ABBA order (candidate, baseline, baseline, candidate, ...); pair ``i`` is the candidate's
     ``i``-th pass with the baseline's ``i``-th pass, so drift common to both cancels. ``ratio``,
     ``lo`` and ``hi`` are candidate / baseline output tok/s with its ``confidence`` interval
-    (``polymorph.stats.paired_ratio``: 20%-trimmed mean of log ratios, Yuen interval); passes
+    (``polymorph.contract.stats.paired_ratio``: 20%-trimmed mean of log ratios, Yuen interval); passes
     were added until ``halfWidth`` reached the target or a cap. ``baseline`` holds the
     baseline's figures from the same passes (so any objective can be re-paired from the lists).
     """

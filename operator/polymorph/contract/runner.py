@@ -9,7 +9,7 @@ benchmark and returns its ``ExperimentRecord``". It is implemented by the engine
 ``run(build_dir, against=baseline_dir)`` asks for a paired, interleaved benchmark against that
 baseline build in the same engine (the record's ``comparison``); without ``against`` the build is
 measured alone. ``RemoteRunner.run(build_dir)`` archives the directory with
-``polymorph.store.archive_build`` and POSTs it, with the baseline's archive as ``against`` when
+``polymorph.contract.store.archive_build`` and POSTs it, with the baseline's archive as ``against`` when
 pairing. Like the Supervisor it never raises for a bad experiment: an unreachable or failing
 engine becomes a ``crashed`` record and a timeout a ``timeout`` record.
 
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from polymorph.api import ExperimentRecord
-from polymorph.api.build import Timings
-from polymorph.store import archive_build, build_id
+from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.api.build import Timings
+from polymorph.contract.store import archive_build, build_id
 
 __all__ = ["RemoteRunner", "Runner"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from polymorph.errors import UsageError
+from polymorph.contract.errors import UsageError
 
 __all__ = [
     "MAX_NUMBER_DIGITS",

@@ -17,9 +17,15 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from polymorph.api import WorkloadProfile
-from polymorph.inputs import duration, integer
-from polymorph.workload import DEFAULT_WORKLOAD, Workload, fit_workload, read_workload, workload_from_profile
+from polymorph.contract.api import WorkloadProfile
+from polymorph.contract.inputs import duration, integer
+from polymorph.contract.workload import (
+    DEFAULT_WORKLOAD,
+    Workload,
+    fit_workload,
+    read_workload,
+    workload_from_profile,
+)
 
 __all__ = [
     "CPU_SCALE",
