@@ -275,3 +275,16 @@ def test_the_result_ring_and_row_are_on_the_record_the_result_stands_on() -> Non
     row = re.search(r'<tr class="result">.*?</tr>', page, re.S)
     assert row is not None and f'<div class="name">{stands.record.name}</div>' in row.group(0)
     assert page.count("(screen)") == 1
+
+
+def test_a_ledger_reloads_what_the_store_holds_beyond_its_memory(tmp_path: Path) -> None:
+    """``Ledger.append`` writes the store first; a signal between the two writes leaves the store a
+    record ahead, and an interrupted campaign's progress counts what the store holds."""
+    store = LocalStore(tmp_path)
+    first = Ledger(store, "compilejobs/ns/job-1/ledger-0.jsonl")
+    first.append(record(BASE, 0, 100.0, against=None))
+    behind = Ledger(store, first.key)
+    first.append(record(build(1), 1, 120.0))
+    assert len(behind) == 1
+    assert behind.reload() == 1 and len(behind) == 2 and behind.find(build(1), "sha256:w") is not None
+    assert behind.reload() == 0 and len(behind) == 2

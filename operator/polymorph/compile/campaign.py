@@ -334,6 +334,8 @@ class Campaign:
         self.state, self.stop_reason = "interrupted", "interrupted"
         self.message = f"interrupted after {len(self.ledger)} experiments ({self._ran} in this run); run it again to resume"
         try:
+            self._ran += self.ledger.reload()  # a signal may have landed between its two writes
+            self.message = f"interrupted after {len(self.ledger)} experiments ({self._ran} in this run); run it again to resume"
             self._write_progress()
         except Exception as exc:  # the interruption is what must reach the user; this is a footnote
             self._log(f"could not record the interruption in the progress document: {exc}")

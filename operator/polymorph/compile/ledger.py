@@ -109,5 +109,19 @@ class Ledger:
         self.records.append(record)
         self._index[experiment_key(record.build, record.workloadHash)] = record
 
+    def reload(self) -> int:
+        """Read the store's ledger again and return how many records it holds that memory did not.
+
+        ``append`` writes the store first: a signal between the two leaves the store one record
+        ahead, and what is reported after an interruption must count what the store holds."""
+        if not self.store.exists(self.key):
+            return 0
+        stored = [ExperimentRecord.model_validate(line) for line in self.store.read_jsonl(self.key)]
+        added = len(stored) - len(self.records)
+        if added > 0:
+            self.records = stored
+            self._index = {experiment_key(r.build, r.workloadHash): r for r in stored}
+        return max(0, added)
+
     def __len__(self) -> int:
         return len(self.records)
