@@ -95,9 +95,9 @@ def test_the_operator_is_denied_nothing_under_the_charts_rbac(
                  watched, "-o", phase).stdout, timeout=60)  # fmt: skip
         events = kubectl("get", "events", "-n", watched, "-o", "jsonpath={.items[*].reason}").stdout.split()
         assert events, "the operator recorded no Event"
-        # Deleted while the operator runs: kopf's finalizers go, and the namespace can go too. kopf
-        # removes its finalizer once the object's timers have stopped, which on two busy cores
-        # (a parallel test worker) has taken over a minute: the wait is generous.
+        # Deleted while the operator runs: kopf's finalizers go, and the namespace can go too. With
+        # a parallel test worker on the same two cores, the CompileJob's deletion once took over a
+        # minute: the wait is generous.
         kubectl("delete", "compilejob", "tiny-llama-cpu-search", "-n", watched, "--timeout=180s")
         kubectl("delete", "modeldeployment", "qwen-0-5b", "-n", watched, "--timeout=180s")
     finally:
