@@ -26,8 +26,11 @@ the mean context; ``roofline_tok_s`` = B * copy bandwidth / those bytes, the ban
 this run by a 1 GiB device-to-device copy. ``roofline_fraction`` = tok_s / roofline_tok_s.
 
 ``--profile`` records, for the ``--knobs`` build at batch 1, the top kernels by device time over
-the timed steps (torch.profiler). Rows that fail record their error; rows past ``--budget-s``
-are recorded as skipped, never silently dropped.
+the timed steps (torch.profiler). ``--verify`` judges every ``--knobs`` build on each model
+against the reference build's golden outputs, as an experiment does (``experiment.verify``: the
+default prompts, teacher-forced, the default gates) and records it under ``verification``. Rows
+that fail record their error; rows past ``--budget-s`` are recorded as skipped, never silently
+dropped.
 
 Run on the GPU from the source tree: ``PYTHONPATH=operator:engine_image python bench/decode.py
 --json --out bench/results/decode-h200-<date>.json --knobs kv_cache=static,decode_step=fused,...``.
@@ -74,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="llama-1b,llama-8b", help="comma-separated shapes")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument(
-        "--compiled-batches", default="1,8,32", help="batches for the compiled peers (each compiles anew)"
+        "--compiled-batches", default="1,8,32", help="batches for the compiled peer (each compiles anew)"
     )
+    p.add_argument("--hf-batches", default="1,8,32", help="batches for hf-compiled (each compiles anew)")
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument(
         "--knobs",
@@ -90,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=1e9, help="skip rows that would start after this")
     p.add_argument("--profile", action="store_true", help="top kernels of the --knobs build at batch 1")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="verify every --knobs build against the reference build's golden outputs on each model",
+    )
     p.add_argument("--out")
     p.add_argument("--json", action="store_true")
     return p
@@ -171,6 +180,33 @@ def run_polymorph(
         "knobs": resolved,
         "profile": profile,
     }
+
+
+def verify_builds(
+    args: argparse.Namespace, builds: list[tuple[Path, dict[str, Any]]], device: torch.device
+) -> list[dict[str, Any]]:
+    """Each build on each model of ``args.models`` against the reference's golden outputs."""
+    from polymorph.contract.api import Gates  # lazy: only --verify needs the experiment's verify
+    from polymorph_engine.experiment.verify import default_prompts, golden, verify
+
+    out = []
+    for name in args.models.split(","):
+        model = load_model(name, device=device, dtype=args.dtype, seed=args.seed)
+        want = golden(model, default_prompts(model.config.vocab_size), steps=8)
+        for build_dir, knobs in builds:
+            hotpath, _, resolved = load_hotpath(model, build_dir, knobs)
+            try:
+                got = verify(hotpath, want, Gates(), device)
+            finally:
+                hotpath.close()
+            out.append(
+                {"model": name, "build_id": build_id_of(build_dir), "knobs": resolved, **got.model_dump()}
+            )
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+        del model, want
+        gc.collect()
+        torch.cuda.empty_cache()
+    return out
 
 
 def kernel_profile(step: Callable[[], None], steps: int, top: int = 15) -> dict[str, Any]:
@@ -425,9 +461,9 @@ def _ints(flag: str, text: str) -> list[int]:
     return values
 
 
-def _check(args: argparse.Namespace) -> tuple[list[int], set[int]]:
+def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
     """One line naming the flag for each bad value, before any model is built; the batches and
-    the compiled peers' batches."""
+    each compiled engine's batches."""
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             "--device cuda: no CUDA device is visible (--device cpu runs a smoke test of the script)"
@@ -439,7 +475,10 @@ def _check(args: argparse.Namespace) -> tuple[list[int], set[int]]:
     if bad or not args.engines:
         raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
     batches = _ints("--batches", args.batches)
-    compiled_batches = set(_ints("--compiled-batches", args.compiled_batches))
+    compiled_batches = {
+        "compiled-peer": set(_ints("--compiled-batches", args.compiled_batches)),
+        "hf-compiled": set(_ints("--hf-batches", args.hf_batches)),
+    }
     for flag in ("prompt", "steps"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag} must be a positive integer; got {getattr(args, flag)}")
@@ -478,13 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     for e in (e for e in args.engines.split(",") if e):
         engines += candidates if e == "polymorph" else [e]
     rows: list[dict[str, Any]] = []
+    verification = verify_builds(args, [builds[c] for c in candidates], device) if args.verify else []
     # Batch-major: the batch-1 rows of every model and engine come first, under the budget.
     for batch in batches:
         for name in args.models.split(","):
             model = load_model(name, device=device, dtype=args.dtype, seed=args.seed)
             elem = torch.empty((), dtype=model.dtype).element_size()
             for engine in engines:
-                if engine in COMPILED and batch not in compiled_batches:
+                if engine in COMPILED and batch not in compiled_batches[engine]:
                     continue
                 context = args.prompt + args.warmup + args.steps / 2
                 roofline = batch * bandwidth / decode_bytes_per_step(model.config, elem, context, batch)
@@ -521,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     result = {
         "rows": rows,
+        "verification": verification,
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
         "protocol": {"prompt": args.prompt, "steps": args.steps, "warmup": args.warmup, "dtype": args.dtype},
         "device": {

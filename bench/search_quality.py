@@ -24,7 +24,7 @@ the per-bucket warm-up happen), and where the time went:
 
     .venv/bin/python bench/search_quality.py --out bench/results/search-quality-tiny-cpu.json
     python bench/search_quality.py --model llama-8b --device cuda --dtype bfloat16 \\
-        --knobs decode_step,kernels,capture_buckets,gemv,gemv_tile,residual,sampling,prefill \\
+        --knobs decode_step,kernels,capture_buckets,gemv,pdl,residual,sampling,prefill \\
         --skip kernels=compile --anchor decode_step=fused --experiment-timeout 60 \\
         --out bench/results/search-quality-llama-8b-h200.json
 """

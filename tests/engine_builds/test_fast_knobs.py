@@ -172,13 +172,19 @@ def test_compiled_layers_agree_with_the_defaults() -> None:
 # --- kernels against their twins ---------------------------------------------------------------
 
 
-def _ops(nh: int, nkv: int, d: int, gemv: str = "triton", tile: int = 4096) -> tuple[Any, Any]:
-    """(TritonOps, TorchOps) from a freshly imported reference build."""
+def _build_modules() -> tuple[Any, Any, Any]:
+    """(hot path, fused module, kernels module) of a freshly imported reference build; the modules
+    stay importable while the caller holds the hot path."""
     hotpath, _, _ = load_hotpath(load_model("tiny", seed=1), REFERENCE_BUILD, {**FUSED, "kernels": "triton"})
     fused = sys.modules[type(hotpath.fused).__module__]
+    return hotpath, fused, sys.modules[fused.__name__.rsplit(".", 1)[0] + ".kernels"]
+
+
+def _ops(nh: int, nkv: int, d: int, gemv: str = "triton") -> tuple[Any, Any]:
+    """(TritonOps, TorchOps) from a freshly imported reference build."""
+    _hotpath, fused, _ = _build_modules()
     shape = fused.Shape(nh, nkv, d, 1e-5)
-    fast = fused.TritonOps(shape, rope_cos_sin, "manual", gemv, tile)
-    return fast, fused.TorchOps(shape, rope_cos_sin, "manual")
+    return fused.TritonOps(shape, rope_cos_sin, "manual", gemv), fused.TorchOps(shape, rope_cos_sin, "manual")
 
 
 def _rand(*shape: int, seed: int) -> torch.Tensor:
@@ -186,10 +192,10 @@ def _rand(*shape: int, seed: int) -> torch.Tensor:
 
 
 @needs_triton
-@pytest.mark.parametrize(("gemv", "tile"), [("triton", 4096), ("triton", 16384), ("cublas", 4096)])
+@pytest.mark.parametrize("gemv", ["triton", "cublas"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_projections_match_the_twins(gemv: str, tile: int, rows: int) -> None:
-    fast, ref = _ops(4, 2, 16, gemv, tile)
+def test_projections_match_the_twins(gemv: str, rows: int) -> None:
+    fast, ref = _ops(4, 2, 16, gemv)
     n, k = 40, 5000  # neither a multiple of the tiles: masks and several K iterations are exercised
     x, w, res = _rand(rows, k, seed=1), _rand(n, k, seed=2) / k**0.5, _rand(rows, n, seed=3)
     nw, bias = 1 + 0.1 * _rand(k, seed=4), _rand(n, seed=5)
@@ -211,6 +217,40 @@ def test_projections_match_the_twins(gemv: str, tile: int, rows: int) -> None:
     for got, want in zip(fast.add_norm(x, y, nw), ref.add_norm(x, y, nw), strict=True):
         torch.testing.assert_close(got, want, **close)
     torch.testing.assert_close(fast.add_norm(x, None, nw)[1], ref.add_norm(x, None, nw)[1], **close)
+
+
+@needs_triton
+@pytest.mark.parametrize("blocks", [(2, 1024), (16, 256), (4, 4096)])
+def test_every_gemv_tile_matches_torch(blocks: tuple[int, int]) -> None:
+    # The tiles prepare tunes over: one K tile (the peeled first load alone), several, a ragged last.
+    _hotpath, _, kernels = _build_modules()
+    n, k, rows = 40, 3000, 2
+    x, w, res, nw = (
+        _rand(rows, k, seed=1),
+        _rand(n, k, seed=2) / k**0.5,
+        _rand(rows, n, seed=3),
+        _rand(k, seed=4),
+    )
+    gu = _rand(rows, 2 * k, seed=5)
+    close = {"atol": 1e-5, "rtol": 1e-5}
+    got = kernels.gemv(x, w, torch.empty(rows, n), res=res, blocks=blocks)
+    torch.testing.assert_close(got, res + x @ w.T, **close)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+    got = kernels.gemv(x, w, torch.empty(rows, n), norm_weight=nw, blocks=blocks)
+    torch.testing.assert_close(got, normed @ w.T, **close)
+    gate, up = gu.chunk(2, dim=-1)
+    got = kernels.gemv(gu, w, torch.empty(rows, n), silu_mul=True, blocks=blocks)
+    torch.testing.assert_close(got, (torch.nn.functional.silu(gate) * up) @ w.T, **close)
+
+
+@needs_triton
+def test_gemv_tuning_candidates_cover_the_swept_winners() -> None:
+    # Each shape's best tile in a sweep of the llama-1b and llama-8b decode shapes on an H200, as
+    # (BLOCK_N, weight elements per iteration): the set prepare tunes over must hold them all.
+    _hotpath, _, kernels = _build_modules()
+    tiles = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"]) for c in kernels.gemv_configs()}
+    assert {(8, 4096), (16, 4096), (2, 8192), (4, 2048), (8, 16384), (2, 2048)} <= tiles
+    assert len(tiles) == len(kernels.gemv_configs()) <= 16  # distinct, and few: each one is compiled
 
 
 @needs_triton

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .kernels import launch_options, pdl_enter
+
 ATTN_BLOCK_L = 64  # cache positions per attention tile
 
 
@@ -43,7 +45,9 @@ def _attn_split_kernel(
     D: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // NKV
@@ -85,8 +89,16 @@ def _attn_split_kernel(
 
 @triton.jit
 def _attn_combine_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    out_ptr,
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0)  # b * NH + h
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D)
@@ -119,6 +131,7 @@ def decode_attention(
     lengths: torch.Tensor,
     out: torch.Tensor,
     scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    pdl: bool = False,
 ) -> torch.Tensor:
     """q [B, nh, D]; attends positions 0..lengths[slots[b]] of the caches [S, nkv, L, D];
     writes out [B, nh*D]. ``scratch`` = (m, l, acc) float32 [B, nh, splits] / [..., D]."""
@@ -147,9 +160,20 @@ def decode_attention(
         D=d,
         SPLITS=splits,
         BLOCK_L=ATTN_BLOCK_L,
+        PDL=pdl,
         num_warps=4,
+        **launch_options(pdl),
     )
     _attn_combine_kernel[(b * nh,)](
-        m, l_, acc, out, D=d, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=1
+        m,
+        l_,
+        acc,
+        out,
+        D=d,
+        SPLITS=splits,
+        BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        PDL=pdl,
+        num_warps=1,
+        **launch_options(pdl),
     )
     return out

@@ -14,8 +14,10 @@ Which implementation runs each operation is the ``kernels`` knob:
 - ``triton``: ``TritonOps`` (kernels.py): one RoPE+store launch, split-KV attention over the live
   length only, one-launch RMSNorm and SwiGLU, and the projections either through cuBLAS (residual
   adds in its epilogue; ``gemv = "cublas"``) or, for up to ``GEMV_MAX_ROWS`` rows, through the
-  Triton GEMV with norm / SwiGLU / residual fused in (``gemv = "triton"``; ``gemv_tile`` weight
-  elements per program and iteration: the bytes each program keeps in flight). ``residual =
+  Triton GEMV with norm / SwiGLU / residual fused in (``gemv = "triton"``; its tile is tuned per
+  shape at its first call, in prepare: see ``kernels.gemv``). ``pdl`` launches every Triton kernel
+  as a programmatic dependent (Hopper and later): a kernel's launch, and a GEMV's first weight
+  tile, overlap the tail of the kernel before it. ``residual =
   "norm"`` defers each residual add into the next norm's launch (``add_norm``): the projections
   then write plain outputs (no addmm copy of the residual, no separate add). Used on CUDA, and on CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it
   degrades to ``torch``;
@@ -60,6 +62,11 @@ def triton_usable(device: torch.device) -> bool:
     except ImportError:
         return False
     return True
+
+
+def pdl_usable(device: torch.device) -> bool:
+    """Whether ``device`` takes programmatic dependent launches: CUDA, compute capability 9 or later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def batch_buckets(max_batch: int, policy: str) -> list[int]:
@@ -181,14 +188,15 @@ class TritonOps(TorchOps):
         rope: RopeFn,
         attention: str,
         gemv: str = "cublas",
-        tile: int = 4096,
+        pdl: bool = False,
         residual: str = "projection",
     ) -> None:
         super().__init__(shape, rope, attention)
         from . import attention_kernels, kernels  # optional extra: triton only when this knob value is chosen
 
         self.k, self.attn = kernels, attention_kernels
-        self.gemv, self.tile = gemv, tile
+        self.gemv = gemv
+        self.pdl = pdl
         self.deferred = residual == "norm"  # the step then uses add_norm / linear / silu_linear / logits
 
     def _fused_gemv(self, x: torch.Tensor) -> bool:
@@ -199,22 +207,22 @@ class TritonOps(TorchOps):
     ) -> torch.Tensor:
         if self._fused_gemv(x):
             out = x.new_empty(x.shape[0], w.shape[0])
-            return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps, tile=self.tile)
-        return F.linear(self.k.rms_norm(x, nw, self.s.eps), w, bias)  # one norm launch, then cuBLAS
+            return self.k.gemv(x, w, out, bias=bias, norm_weight=nw, eps=self.s.eps, pdl=self.pdl)
+        return F.linear(self.k.rms_norm(x, nw, self.s.eps, self.pdl), w, bias)  # one norm launch, then cuBLAS
 
     def linear_residual(
         self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, res: torch.Tensor
     ) -> torch.Tensor:
         if self._fused_gemv(x):
-            return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res, tile=self.tile)
+            return self.k.gemv(x, w, torch.empty_like(res), bias=bias, res=res, pdl=self.pdl)
         if bias is not None:
             res = res + bias
         return torch.addmm(res, x, w.T)  # the residual add in cuBLAS's epilogue
 
     def silu_linear_residual(self, gu: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(gu):
-            return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True, tile=self.tile)
-        return torch.addmm(res, self.k.silu_mul(gu), w.T)
+            return self.k.gemv(gu, w, torch.empty_like(res), res=res, silu_mul=True, pdl=self.pdl)
+        return torch.addmm(res, self.k.silu_mul(gu, self.pdl), w.T)
 
     def rope_store(
         self,
@@ -229,7 +237,7 @@ class TritonOps(TorchOps):
     ) -> torch.Tensor:
         s = self.s
         q = qkv.new_empty(qkv.shape[0], s.nh, s.d)
-        self.k.rope_store(qkv, q, kc, vc, slots, lengths, inv_freq, q_norm, k_norm, s.eps)
+        self.k.rope_store(qkv, q, kc, vc, slots, lengths, inv_freq, q_norm, k_norm, s.eps, self.pdl)
         return q
 
     def attend(
@@ -242,35 +250,38 @@ class TritonOps(TorchOps):
             q.new_empty(b, nh, splits, dtype=torch.float32),
             q.new_empty(b, nh, splits, d, dtype=torch.float32),
         )
-        return self.attn.decode_attention(q, kc, vc, slots, lengths, q.new_empty(b, nh * d), scratch)
+        return self.attn.decode_attention(
+            q, kc, vc, slots, lengths, q.new_empty(b, nh * d), scratch, self.pdl
+        )
 
     def head(self, x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(x):
             out = x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
-            return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps, tile=self.tile)
-        return F.linear(self.k.rms_norm(x, nw, self.s.eps), w).float()
+            return self.k.gemv(x, w, out, norm_weight=nw, eps=self.s.eps, pdl=self.pdl)
+        return F.linear(self.k.rms_norm(x, nw, self.s.eps, self.pdl), w).float()
 
     def add_norm(
         self, x: torch.Tensor, y: torch.Tensor | None, nw: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if y is None:
-            return x, self.k.rms_norm(x, nw, self.s.eps)
-        return self.k.add_rms_norm(x, y, nw, self.s.eps)  # one launch: the add, then the norm
+            return x, self.k.rms_norm(x, nw, self.s.eps, self.pdl)
+        return self.k.add_rms_norm(x, y, nw, self.s.eps, self.pdl)  # one launch: the add, then the norm
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self._fused_gemv(x):
-            return self.k.gemv(x, w, x.new_empty(x.shape[0], w.shape[0]), bias=bias, tile=self.tile)
+            return self.k.gemv(x, w, x.new_empty(x.shape[0], w.shape[0]), bias=bias, pdl=self.pdl)
         return F.linear(x, w, bias)
 
     def silu_linear(self, gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(gu):
             out = gu.new_empty(gu.shape[0], w.shape[0])
-            return self.k.gemv(gu, w, out, silu_mul=True, tile=self.tile)
-        return F.linear(self.k.silu_mul(gu), w)
+            return self.k.gemv(gu, w, out, silu_mul=True, pdl=self.pdl)
+        return F.linear(self.k.silu_mul(gu, self.pdl), w)
 
     def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self._fused_gemv(h):
-            return self.k.gemv(h, w, h.new_empty(h.shape[0], w.shape[0], dtype=torch.float32), tile=self.tile)
+            out = h.new_empty(h.shape[0], w.shape[0], dtype=torch.float32)
+            return self.k.gemv(h, w, out, pdl=self.pdl)
         return F.linear(h, w).float()
 
 
@@ -300,7 +311,7 @@ class FusedDecoder:
         buckets: str,
         device: torch.device,
         gemv: str = "cublas",
-        gemv_tile: int = 4096,
+        pdl: bool = False,
         residual: str = "projection",
     ) -> None:
         self.shape = Shape(
@@ -316,7 +327,7 @@ class FusedDecoder:
             kernels = "torch"  # documented degradation: no triton here
         self.kernels = kernels
         self.ops = (
-            TritonOps(self.shape, rope, attention, gemv, gemv_tile, residual)
+            TritonOps(self.shape, rope, attention, gemv, pdl and pdl_usable(device), residual)
             if kernels == "triton"
             else TorchOps(self.shape, rope, attention)
         )

@@ -22,9 +22,9 @@ knob value computes the same function faster on some device (see build.toml):
   few fused operations per layer, captured whole as one CUDA graph per bucket; it supersedes
   ``decode_capture``). ``kernels`` (``torch`` | ``triton`` | ``compile``) picks what runs it and
   ``capture_buckets`` (``pow2`` | ``max``) which batch buckets it prepares; both require it.
-  ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels, and
-  ``gemv_tile`` (4096 | 8192 | 16384) the Triton GEMV's tile; ``residual`` (``projection`` |
-  ``norm``) where the residual adds happen.
+  ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels (the Triton
+  GEMV's tile is tuned per shape in prepare), ``pdl`` whether they launch as programmatic
+  dependents, and ``residual`` (``projection`` | ``norm``) where the residual adds happen.
 - ``prefill``: ``exact`` (the prompt at its own length, op by op) | ``bucketed`` (static cache
   only): the prompt padded at the end to a power-of-two length bucket (``prefill_bucket``) and
   run with the same layer functions, causal, so the padding cannot change the prompt's
@@ -144,7 +144,7 @@ class ReferenceHotPath:
                 buckets=str(knobs.get("capture_buckets", "pow2")),
                 device=self.device,
                 gemv=str(knobs.get("gemv", "cublas")),
-                gemv_tile=int(knobs.get("gemv_tile", 4096)),
+                pdl=bool(knobs.get("pdl", False)),
                 residual=str(knobs.get("residual", "projection")),
             )
         self._compiled = (

@@ -28,12 +28,41 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.testing
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 PROLOGUE_NONE, PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL = 0, 1, 2
 TILE_ELEMENTS = 4096  # BLOCK_N * BLOCK_K: 8 KB of bf16 weights per program and loop iteration
 
 
 @triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """With PDL, let the next kernel launch now and wait for the previous kernels' outputs; every
+    kernel of the step calls this before it reads anything an earlier kernel wrote."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
+def _gemv_act(x_row, nw_ptr, offs_k, mask_k, K, rstd, PROLOGUE: tl.constexpr):
+    """The prologue applied to x[offs_k]: identity, RMSNorm (given rstd) or silu(gate) * up, in float32."""
+    act_ty = x_row.dtype.element_ty
+    if PROLOGUE == 2:
+        g = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        u = tl.load(x_row + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(act_ty).to(tl.float32)  # silu, rounded as F.silu
+        xv = (s * u).to(act_ty).to(tl.float32)
+    elif PROLOGUE == 1:
+        xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        xv = ((xv * rstd).to(act_ty).to(tl.float32) * nw).to(act_ty).to(tl.float32)
+    else:
+        xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    return xv
+
+
+@triton.jit(do_not_specialize=["B"])
 def _gemv_kernel(
     x_ptr,  # [B, K] (or [B, 2K]: gate | up for SILU_MUL)
     w_ptr,  # [N, K] row-major
@@ -41,6 +70,7 @@ def _gemv_kernel(
     bias_ptr,  # [N] or unused
     res_ptr,  # [B, N] or unused
     nw_ptr,  # [K] norm weight or unused
+    B,  # rows: part of the tuning key only (the grid's second axis)
     N,
     K,
     stride_xb,
@@ -50,6 +80,7 @@ def _gemv_kernel(
     PROLOGUE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RES: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -59,29 +90,29 @@ def _gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     mask_n = offs_n < N
     x_row = x_ptr + b * stride_xb
+    # The first weight tile does not depend on the kernels before this one: with PDL it is read
+    # while they finish, and only then does the program wait for their outputs (x, res).
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
+    w_mask = mask_n[:, None] & mask_k[None, :]
+    if PDL:
+        gdc_launch_dependents()
+    w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    if PDL:
+        gdc_wait()
     rstd = 1.0
     if PROLOGUE == 1:
         ss = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            xo = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_row + xo, mask=xo < K, other=0.0).to(tl.float32)
             ss += xv * xv
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc = w.to(tl.float32) * _gemv_act(x_row, nw_ptr, offs_k, mask_k, K, rstd, PROLOGUE)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         mask_k = offs_k < K
-        if PROLOGUE == 2:
-            g = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            u = tl.load(x_row + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            s = (g / (1.0 + tl.exp(-g))).to(act_ty).to(tl.float32)  # silu, rounded as F.silu
-            xv = (s * u).to(act_ty).to(tl.float32)
-        elif PROLOGUE == 1:
-            xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            xv = ((xv * rstd).to(act_ty).to(tl.float32) * nw).to(act_ty).to(tl.float32)
-        else:
-            xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        xv = _gemv_act(x_row, nw_ptr, offs_k, mask_k, K, rstd, PROLOGUE)
         w = tl.load(
             w_ptr + offs_n[:, None] * K + offs_k[None, :],
             mask=mask_n[:, None] & mask_k[None, :],
@@ -98,14 +129,61 @@ def _gemv_kernel(
     tl.store(out_ptr + b * stride_ob + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
+# The tiles ``prepare`` chooses from for each GEMV signature (rows, N, K, prologue, bias, residual,
+# dtypes): (weight elements per program and iteration, warps, pipeline stages), each at BLOCK_N 2, 4,
+# 8 and 16. A sweep of the decode shapes of llama-1b and llama-8b on an H200 (bench/gemv.py) found
+# a different best tile for nearly every shape, all of them in this set.
+GEMV_TILES = ((2048, 4, 3), (4096, 4, 1), (8192, 4, 1), (16384, 8, 3))
+GEMV_BLOCK_N = (2, 4, 8, 16)
+
+
+def gemv_configs() -> list[triton.Config]:
+    """Every (BLOCK_N, BLOCK_K, warps, stages) of ``GEMV_TILES`` x ``GEMV_BLOCK_N``."""
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": tile // bn}, num_warps=warps, num_stages=stages)
+        for tile, warps, stages in GEMV_TILES
+        for bn in GEMV_BLOCK_N
+    ]
+
+
+def _fitting_configs(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+    """Drop tiles wider than K (they would only load masked zeros)."""
+    k = int(named_args["K"])
+    fit = [c for c in configs if c.kwargs["BLOCK_K"] <= max(64, triton.next_power_of_2(k))]
+    return fit or configs[:1]
+
+
+GEMV_BENCH_MS = (5, 25)
+"""(warm-up, measured) milliseconds of ``triton.testing.do_bench`` per candidate tile: it flushes
+L2 before every run, so each candidate reads its weight from HBM, as in a decode step."""
+
+
+def _bench(fn: object, quantiles: object) -> object:
+    return triton.testing.do_bench(fn, warmup=GEMV_BENCH_MS[0], rep=GEMV_BENCH_MS[1], quantiles=quantiles)
+
+
+_gemv_tuned = triton.autotune(
+    configs=gemv_configs(),
+    key=["B", "N", "K", "PROLOGUE", "HAS_BIAS", "HAS_RES"],
+    prune_configs_by={"early_config_prune": _fitting_configs},
+    do_bench=_bench,
+)(_gemv_kernel)
+
+
 def gemv_blocks(n: int, k: int, rows: int, sms: int, tile: int = TILE_ELEMENTS) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): ``tile`` weight elements per program and iteration, the fewest rows per
-    program that still leave >= 4 programs per multiprocessor (more loads in flight), at most 16."""
+    """(BLOCK_N, BLOCK_K) where no tuning runs (the interpreter): ``tile`` weight elements per
+    program and iteration, the fewest rows per program that still leave >= 4 programs per
+    multiprocessor (more loads in flight), at most 16."""
     block_n = 16
     while block_n > 1 and triton.cdiv(n, block_n) * rows < 4 * sms:
         block_n //= 2
     block_k = min(tile // block_n, triton.next_power_of_2(k))
     return block_n, max(block_k, 16)
+
+
+def launch_options(pdl: bool) -> dict[str, bool]:
+    """Launch keywords: programmatic dependent launch (Hopper and later) when ``pdl``."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 def gemv(
@@ -118,38 +196,47 @@ def gemv(
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-5,
     silu_mul: bool = False,
-    tile: int = TILE_ELEMENTS,
+    pdl: bool = False,
+    blocks: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """out [B, N] = act(x) @ w.T (+ bias) (+ res). x [B, K] ([B, 2K] with ``silu_mul``), w [N, K].
-    ``tile``: weight elements per program and loop iteration (bytes in flight); 8 warps above 8192."""
+
+    On CUDA the tile is tuned per signature at its first call (``_gemv_tuned``; the fused step
+    makes that call in prepare, outside its graph) and kept for the process; under the
+    interpreter it comes from ``gemv_blocks``. ``blocks``: a fixed (BLOCK_N, BLOCK_K) instead, untuned
+    (4 warps). ``pdl``: launched as a programmatic dependent."""
     n, k = w.shape
     rows = x.shape[0]
     assert w.is_contiguous() and x.stride(-1) == 1 and out.stride(-1) == 1
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, w.shape)
     prologue = PROLOGUE_SILU_MUL if silu_mul else (PROLOGUE_RMSNORM if norm_weight is not None else 0)
-    sms = sm_count(x.device)
-    block_n, block_k = gemv_blocks(n, k, rows, sms, tile)
-    dummy = w
-    _gemv_kernel[(triton.cdiv(n, block_n), rows)](
+    args = (
         x,
         w,
         out,
-        bias if bias is not None else dummy,
-        res if res is not None else dummy,
-        norm_weight if norm_weight is not None else dummy,
+        bias if bias is not None else w,
+        res if res is not None else w,
+        norm_weight if norm_weight is not None else w,
+        rows,
         n,
         k,
         x.stride(0),
         out.stride(0),
         res.stride(0) if res is not None else 0,
         eps,
-        PROLOGUE=prologue,
-        HAS_BIAS=bias is not None,
-        HAS_RES=res is not None,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=4 if tile <= 8192 else 8,
     )
+    flags = {
+        "PROLOGUE": prologue,
+        "HAS_BIAS": bias is not None,
+        "HAS_RES": res is not None,
+        "PDL": pdl,
+        **launch_options(pdl),
+    }
+    if blocks is not None or x.device.type != "cuda":
+        block_n, block_k = blocks or gemv_blocks(n, k, rows, sm_count(x.device))
+        _gemv_kernel[(triton.cdiv(n, block_n), rows)](*args, **flags, BLOCK_N=block_n, BLOCK_K=block_k)
+        return out
+    _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), rows)](*args, **flags)
     return out
 
 
@@ -181,7 +268,9 @@ def _rope_store_kernel(
     NKV: tl.constexpr,
     HALF: tl.constexpr,  # D / 2
     QK_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)  # 0..NH-1: q heads, NH..NH+NKV-1: k heads (v copied alongside)
     ty = q_out_ptr.dtype.element_ty
@@ -231,6 +320,7 @@ def rope_store(
     q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None,
     eps: float,
+    pdl: bool = False,
 ) -> None:
     """qkv [B, (nh+2nkv)*D] -> q_out [B, nh, D] rotated; k (rotated), v into the caches at
     [slots[b], :, lengths[slots[b]]]. Caches [S, nkv, L, D], contiguous in D."""
@@ -257,12 +347,17 @@ def rope_store(
         NKV=nkv,
         HALF=d // 2,
         QK_NORM=q_norm is not None,
+        PDL=pdl,
         num_warps=1,
+        **launch_options(pdl),
     )
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xb, stride_ob, eps, BLOCK_K: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, K, stride_xb, stride_ob, eps, BLOCK_K: tl.constexpr, PDL: tl.constexpr
+):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     ty = out_ptr.dtype.element_ty
     offs = tl.arange(0, BLOCK_K)
@@ -274,7 +369,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xb, stride_ob, eps, BLOCK_
     tl.store(out_ptr + b * stride_ob + offs, y, mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
     """x [B, K] -> weight * (x / rms(x)), one launch (the reference's ``rms_norm``)."""
     rows, k = x.shape
     out = torch.empty_like(x)
@@ -288,13 +383,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out.stride(0),
         eps,
         BLOCK_K=block,
+        PDL=pdl,
         num_warps=max(1, min(16, block // 512)),
+        **launch_options(pdl),
     )
     return out
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, INTER, stride_b, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER, stride_b, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     b = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < INTER
@@ -305,22 +403,33 @@ def _silu_mul_kernel(gu_ptr, out_ptr, INTER, stride_b, BLOCK: tl.constexpr):
     tl.store(out_ptr + b * INTER + offs, (s * u).to(ty), mask=mask)
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """gu [B, 2I] = [gate | up] -> silu(gate) * up [B, I], one launch."""
     rows, two_i = gu.shape
     inter = two_i // 2
     out = gu.new_empty(rows, inter)
     block = 1024
     _silu_mul_kernel[(triton.cdiv(inter, block), rows)](
-        gu, out, inter, gu.stride(0), BLOCK=block, num_warps=4
+        gu, out, inter, gu.stride(0), BLOCK=block, PDL=pdl, num_warps=4, **launch_options(pdl)
     )
     return out
 
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, y_ptr, w_ptr, x_out_ptr, h_ptr, K, stride_x, stride_y, eps, BLOCK_K: tl.constexpr
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    x_out_ptr,
+    h_ptr,
+    K,
+    stride_x,
+    stride_y,
+    eps,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     ty = x_out_ptr.dtype.element_ty
     offs = tl.arange(0, BLOCK_K)
@@ -336,7 +445,7 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, y [B, K] -> (x + y, rms_norm(x + y)) in one launch."""
     rows, k = x.shape
@@ -353,6 +462,8 @@ def add_rms_norm(
         y.stride(0),
         eps,
         BLOCK_K=block,
+        PDL=pdl,
         num_warps=max(1, min(16, block // 512)),
+        **launch_options(pdl),
     )
     return x_out, h
