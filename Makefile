@@ -6,7 +6,7 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv test test-fast lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane
+.PHONY: venv test test-fast lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane images
 
 venv: $(DEV_STAMP)
 
@@ -76,6 +76,15 @@ demo-fleet: venv prometheus control-plane
 
 bench: $(RUN_STAMP)
 	$(BIN)/python bench/hot_vs_cold.py --model tiny --json
+
+# The two images (README "Images"), named as the chart's defaults name them: this repository's
+# operator and engine, tagged with the chart's appVersion. IMAGE_REGISTRY and IMAGE_TAG override;
+# DOCKER_BUILD_ARGS passes more to each build (e.g. --build-arg BASE_IMAGE=...).
+IMAGE_REGISTRY ?= ghcr.io/polymorph
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *//p' charts/polymorph/Chart.yaml | tr -d '"')
+images:
+	docker build -f operator/Dockerfile -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) $(DOCKER_BUILD_ARGS) .
+	docker build -f engine_image/Dockerfile -t $(IMAGE_REGISTRY)/engine:$(IMAGE_TAG) $(DOCKER_BUILD_ARGS) .
 
 crds: venv
 	$(BIN)/polymorph crds --output crds --output charts/polymorph/crds

@@ -54,6 +54,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "replicas": 3,
         "watchNamespaces": ["team-a"],
         "image": {"repository": "registry.example.com/polymorph", "tag": "1.2.3", "pullPolicy": "Always"},
+        "engineImage": {"repository": "registry.example.com/polymorph-engine", "tag": "1.2.4"},
         "settings": {"prometheusUrl": "https://prom.example.com", "driftInterval": "5m", "logLevel": "debug"},
         "store": {"uri": "s3://fleet-builds/prod", "credentialsSecret": "store-creds"},
         "anthropic": {"apiKeySecret": {"name": "anthropic", "key": "token"}},

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from chart_render import (
 )
 
 from polymorph import crdgen
+from polymorph.contract.api.modeldeployment import EngineSpec
+from polymorph.core.resources import ClusterSettings
 from polymorph.handlers import settings as operator_flags
 
 KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
@@ -107,6 +110,11 @@ def test_kubernetes_validate_catches_a_bad_manifest(tmp_path: Path) -> None:
         ({"settings": {"prometheusUrl": "prometheus:9090"}}, "at '/settings/prometheusUrl'"),
         ({"store": {"uri": "gs://bucket"}}, "at '/store/uri': 'gs://bucket' does not match pattern"),
         ({"image": {"tag": 1.5}}, "at '/image/tag': got number, want string"),
+        ({"engineImage": {"repository": ""}}, "at '/engineImage/repository': minLength: got 0, want 1"),
+        (
+            {"settings": {"sandboxImage": "engine:1"}},
+            "additional properties 'sandboxImage' not allowed",
+        ),  # engineImage names it now
         (
             {"monitoring": {"kind": "Probe"}},
             "at '/monitoring/kind': value must be one of 'PodMonitor', 'ServiceMonitor'",
@@ -200,11 +208,42 @@ def test_deployment_is_restricted_and_probed_on_the_health_port(case: str, value
     assert pod["serviceAccountName"] == FULLNAME
 
 
-def test_image_comes_from_values() -> None:
-    assert _container(render({}))["image"] == "ghcr.io/polymorph/operator:0.1.0"  # the appVersion
-    container = _container(render(VALUE_SETS["everything"]))
+def test_default_images_are_what_this_repository_builds_at_the_charts_version() -> None:
+    """The operator image runs the chart's Deployment and the engine image every sandbox pod: both
+    this repository's (``make images`` builds them under these names), tagged with the appVersion,
+    which is the package version the images install. The engine image is also what a
+    ModelDeployment serves by default and what the operator falls back to without the chart."""
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert version == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    docs = render({})
+    operator_image = _container(docs)["image"]
+    engine_image = one(docs, "ConfigMap", FULLNAME)["data"]["POLYMORPH_SANDBOX_IMAGE"]
+    assert operator_image == f"ghcr.io/polymorph/operator:{version}"
+    assert engine_image == f"ghcr.io/polymorph/engine:{version}"
+    assert EngineSpec().image == engine_image == ClusterSettings(store="/store").sandbox_image
+    dry_run = subprocess.run(
+        ["make", "--no-print-directory", "-n", "images"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    built = re.findall(r"^docker build -f (\S+) -t (\S+) .*\.$", dry_run, re.MULTILINE)
+    assert built == [("operator/Dockerfile", operator_image), ("engine_image/Dockerfile", engine_image)]
+
+
+def test_images_come_from_values() -> None:
+    docs = render(VALUE_SETS["everything"])
+    container = _container(docs)
     assert container["image"] == "registry.example.com/polymorph:1.2.3"
     assert container["imagePullPolicy"] == "Always"
+    engine = one(docs, "ConfigMap", FULLNAME)["data"]["POLYMORPH_SANDBOX_IMAGE"]
+    assert engine == "registry.example.com/polymorph-engine:1.2.4"
+    # A repository alone keeps the appVersion as its tag.
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    alone = render(
+        {"image": {"repository": "r.example.com/op"}, "engineImage": {"repository": "r.example.com/en"}}
+    )
+    assert _container(alone)["image"] == f"r.example.com/op:{version}"
+    assert (
+        one(alone, "ConfigMap", FULLNAME)["data"]["POLYMORPH_SANDBOX_IMAGE"] == f"r.example.com/en:{version}"
+    )
 
 
 def _args(values: dict[str, Any]) -> list[str]:
@@ -268,7 +307,7 @@ def test_settings_configmap_feeds_the_env_fallbacks() -> None:
         "POLYMORPH_DRIFT_INTERVAL": "5m",
         "POLYMORPH_ROLLOUT_INTERVAL": "30s",
         "POLYMORPH_LOG_LEVEL": "debug",
-        "POLYMORPH_SANDBOX_IMAGE": "ghcr.io/polymorph/engine:0.1.0",
+        "POLYMORPH_SANDBOX_IMAGE": "registry.example.com/polymorph-engine:1.2.4",
         "POLYMORPH_FETCH_IMAGE": "amazon/aws-cli:2.17.0",
         "POLYMORPH_STORE_SECRET": "store-creds",
         "POLYMORPH_ANTHROPIC_SECRET_NAME": "anthropic",

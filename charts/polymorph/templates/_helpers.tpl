@@ -32,8 +32,13 @@ app.kubernetes.io/part-of: polymorph
 {{- default (include "polymorph.fullname" .) .Values.serviceAccount.name }}
 {{- end }}
 
+{{/* The operator image and the engine image (sandbox pods): repository:tag, the tag defaulting to appVersion. */}}
 {{- define "polymorph.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "polymorph.engineImage" -}}
+{{- printf "%s:%s" .Values.engineImage.repository (default .Chart.AppVersion .Values.engineImage.tag) }}
 {{- end }}
 
 {{/* Whether kopf peering is on: a standby replica needs it. */}}
