@@ -4,9 +4,9 @@
   that reach a ServiceAccount; ``permits`` answers one API call against them.
 - ``rbac_table()`` reads the table in ``templates/_helpers.tpl`` (``polymorph.rbacTable``), with
   each row's ``unexercised`` verbs and the reason no scenario uses them.
-- ``audit(granted, calls)`` compares recorded API calls (the emulator's access log, or the real
-  API server's audit log through ``audited_calls``) with the grants: the calls that were
-  refused, and the granted (verb, group, resource) never used.
+- ``audit(granted, calls)`` compares recorded API calls (the real API server's audit log, through
+  ``audited_calls``) with the grants: the calls that were refused, and the granted (verb, group,
+  resource) never used.
 - ``audited_calls(events)`` and ``forbidden(events)``: the real API server's audit events
   (``audit.k8s.io/v1``) as calls, and those its authorizer refused.
 

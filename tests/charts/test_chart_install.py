@@ -1,12 +1,11 @@
-"""The real helm v4 installs, upgrades and uninstalls the chart against the Kubernetes emulator
-(``support.k8s_emulator``): the CRDs, the kopf peering CRD among the templates, the peering objects
-rendered as post-install hooks while they do not exist (``lookup`` is guarded, as it fails on a kind
-the server does not serve yet), and an upgrade that leaves a live peering alone.
+"""The real helm v4 installs, upgrades and uninstalls the chart on the real control plane
+(``support.control_plane``, a fresh one per test, so cluster-scoped objects and CRDs are each
+test's own): the CRDs, the kopf peering CRD among the templates, the peering objects as
+post-install hooks that helm runs while they do not exist (``lookup`` is guarded, as it fails on
+a kind the server does not serve yet), and an upgrade that leaves a live peering alone.
 
-helm 4 waits for hook objects with a watch that needs watch-list bookmarks, which the emulator does
-not send, so the hooks run with ``--no-hooks`` here and the test creates the peering object as the
-hook would. The emulator enforces no RBAC and runs no controllers: this shows how helm applies the
-chart, not that the operator's pods start.
+The chart's pods have no node here (a scheduler binds them once a node agent registers one): this
+shows how helm applies the chart; tests/control_plane runs the operator under its RBAC and peering.
 """
 
 from __future__ import annotations
@@ -22,17 +21,22 @@ import pytest
 import yaml
 from chart_render import CHART, FULLNAME, NAMESPACE, RELEASE, values_file
 
+from support.control_plane import ControlPlane
 from support.k8s_binaries import helm
-from support.k8s_emulator import EmulatorThread, k8s_emulator
-
-__all__ = ["k8s_emulator"]  # the fixture, used by the tests below
 
 Helm = Callable[..., str]
 
 
 @pytest.fixture
-def api(k8s_emulator: EmulatorThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=k8s_emulator.url, timeout=10) as client:
+def cluster(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A fresh real control plane, for this test alone."""
+    with ControlPlane(tmp_path / "control-plane") as running:
+        yield running
+
+
+@pytest.fixture
+def api(cluster: ControlPlane) -> Iterator[httpx.Client]:
+    with cluster.api(timeout=10) as client:
         for name in (NAMESPACE, "team-a", "team-b"):
             namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
             assert client.post("/api/v1/namespaces", json=namespace).status_code == 201
@@ -40,17 +44,11 @@ def api(k8s_emulator: EmulatorThread) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def run_helm(k8s_emulator: EmulatorThread, tmp_path: Path) -> Helm:
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "KUBECONFIG": str(k8s_emulator.kubeconfig(tmp_path / "kubeconfig")),
-    }
+def run_helm(cluster: ControlPlane, tmp_path: Path) -> Helm:
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "KUBECONFIG": str(cluster.kubeconfig)}
 
     def run(*args: str, values: dict[str, Any] | None = None) -> str:
         extra = ["-f", str(values_file(values, tmp_path))] if values is not None else []
-        if args[0] in ("install", "upgrade"):
-            extra.append("--no-hooks")  # see the module docstring
         done = subprocess.run(
             [str(helm()), *args, "--namespace", NAMESPACE, *extra],
             env=env,
@@ -94,14 +92,14 @@ def test_install_cluster_wide_with_peering_then_upgrade_and_uninstall(
     } <= _crd_names(api)
     (deployment,) = _items(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
     assert deployment["spec"]["replicas"] == 2
-    assert _hook_kinds(run_helm) == ["ClusterKopfPeering"]  # it does not exist yet: the hook creates it
-
-    # What the hook creates, with the peers kopf keeps in its status.
-    peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "polymorph"}}
-    created = api.post("/apis/kopf.dev/v1/clusterkopfpeerings", json=peering)
-    assert created.status_code == 201, created.text
-    peers = {"status": {"pm-polymorph-abc": {"priority": 7, "lifetime": 60}}}
+    assert _hook_kinds(run_helm) == ["ClusterKopfPeering"]  # it did not exist yet: the hook created it
     path = "/apis/kopf.dev/v1/clusterkopfpeerings/polymorph"
+    created = api.get(path)
+    assert created.status_code == 200, created.text
+    assert created.json()["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+
+    # The peers kopf keeps in the peering's status.
+    peers = {"status": {"pm-polymorph-abc": {"priority": 7, "lifetime": 60}}}
     patched = api.patch(path, json=peers, headers={"Content-Type": "application/merge-patch+json"})
     assert patched.status_code == 200, patched.text
 
@@ -136,6 +134,9 @@ def test_install_namespaced_creates_roles_and_peering_hooks_in_each_namespace(
         ("KopfPeering", "team-a"),
         ("KopfPeering", "team-b"),
     ]
+    for namespace in ("team-a", "team-b"):  # helm ran the hooks: the peerings exist
+        made = api.get(f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/polymorph")
+        assert made.status_code == 200, made.text
 
 
 def test_install_standalone_ships_no_peering(api: httpx.Client, run_helm: Helm) -> None:

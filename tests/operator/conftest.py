@@ -1,7 +1,10 @@
-"""Fixtures of the operator's integration tests: the emulator with the CRDs, a real Prometheus,
-fake engine endpoints it scrapes, a Deployment-readiness stand-in, and the operator process;
-the real control plane (``control_plane``, session; ``real_cluster``, one per test) with the
-operator on it (``real_operator``) and a node agent whose pods report ready (``real_kubelet``)."""
+"""Fixtures of the operator's integration tests: the real control plane (``control_plane``, session;
+``real_cluster``, one per test, with the CRDs), the operator process on it (``real_operator``), a
+node agent whose pods are stand-ins (``real_kubelet``: engines report ready, sandboxes finish on
+``sandboxes_done``), a real Prometheus and the fake engine endpoints it scrapes (``engines``).
+
+No operator test runs on the API emulator (``support.k8s_emulator``): none needs a fault that only
+the emulator can inject (an injected error, a dropped watch)."""
 
 from __future__ import annotations
 
@@ -11,29 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from operator_harness import NS, REPO, Api, FakeEngine, Kubelet, OperatorProcess
+from operator_harness import NS, REPO, Api, FakeEngine, OperatorProcess
 
 from support.control_plane import ControlPlane, control_plane
-from support.k8s_emulator import EmulatorThread
 from support.node_agent import NodeAgent
 from support.prometheus import PrometheusServer, prometheus
 from support.waiting import wait_for
 
 __all__ = ["control_plane", "prometheus"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[EmulatorThread, Api, Path]]:
-    """The emulator with the project's CRDs and the ``inference`` namespace: (emulator, api, kubeconfig)."""
-    with EmulatorThread() as running:
-        api = Api(running.url)
-        for path in sorted((REPO / "crds").glob("*.yaml")):
-            api.create(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(path.read_text())
-            )
-        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        yield running, api, running.kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture
@@ -55,13 +43,14 @@ def real_cluster(tmp_path: Path) -> Iterator[tuple[ControlPlane, Api, Path]]:
 def real_operator(
     real_cluster: tuple[ControlPlane, Api, Path], prometheus: PrometheusServer, tmp_path: Path
 ) -> Iterator[Callable[..., OperatorProcess]]:
-    """``real_operator(**flags)``: the operator process against the real control plane, as its admin."""
+    """``real_operator(**flags)``: the operator process against the real control plane, as its admin
+    (or as ``kubeconfig=`` says, e.g. ``ControlPlane.user_kubeconfig``, an admin of its own name)."""
     started: list[OperatorProcess] = []
     (tmp_path / "store").mkdir()
 
-    def start(**flags: Any) -> OperatorProcess:
+    def start(kubeconfig: Path | None = None, **flags: Any) -> OperatorProcess:
         log = tmp_path / f"operator-{flags.get('pod_id') or 'standalone'}.log"
-        proc = OperatorProcess(real_cluster[2], prometheus.url, tmp_path / "store", log,
+        proc = OperatorProcess(kubeconfig or real_cluster[2], prometheus.url, tmp_path / "store", log,
                                env={"PYTHONPATH": str(REPO / "tests")}, **flags)  # fmt: skip
         started.append(proc)
         return proc.start()
@@ -83,28 +72,45 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ready).serve_forever()
 """
 
 
-def _ready_stand_in(container: Any) -> list[str]:
-    """An engine container's stand-in: 200 on its (mapped) readiness port; the metrics come from FakeEngine."""
-    if container.probe is None:
-        return [sys.executable, "-c", "import time; time.sleep(3600)"]
-    return [sys.executable, "-c", _READY, str(container.probe[1])]
+_FINISH = """
+import pathlib, sys, time
+while not pathlib.Path(sys.argv[1]).exists():
+    time.sleep(0.2)
+"""
+
+
+def _stand_in(sandboxes_done: Path) -> Callable[[Any], list[str]]:
+    """A container's stand-in: an engine answers 200 on its (mapped) readiness port (the metrics come
+    from FakeEngine); a sandbox's agent exits 0 once ``sandboxes_done`` exists (the campaign's
+    documents are the test's to write), which completes its pod; anything else sleeps."""
+
+    def stand_in(container: Any) -> list[str]:
+        if container.name == "agent" and container.argv[1:3] == ["sandbox", "agent"]:
+            return [sys.executable, "-c", _FINISH, str(sandboxes_done)]
+        if container.probe is None:
+            return [sys.executable, "-c", "import time; time.sleep(3600)"]
+        return [sys.executable, "-c", _READY, str(container.probe[1])]
+
+    return stand_in
 
 
 @pytest.fixture
-def real_kubelet(real_cluster: tuple[ControlPlane, Api, Path], tmp_path: Path) -> Iterator[NodeAgent]:
-    """A node agent on the real control plane whose containers are readiness stand-ins: the real
-    Deployment and ReplicaSet controllers then report the operator's Deployments ready."""
+def sandboxes_done(tmp_path: Path) -> Path:
+    """Create this file and the sandbox pods ``real_kubelet`` runs finish: their agents exit 0."""
+    return tmp_path / "sandboxes-done"
+
+
+@pytest.fixture
+def real_kubelet(
+    real_cluster: tuple[ControlPlane, Api, Path], tmp_path: Path, sandboxes_done: Path
+) -> Iterator[NodeAgent]:
+    """A node agent on the real control plane whose containers are stand-ins: the real Deployment
+    and ReplicaSet controllers then report the operator's Deployments ready, and the real Job
+    controller completes a sandbox Job once ``sandboxes_done`` exists."""
     agent = NodeAgent(real_cluster[0].node_kubeconfig("node-1"), "node-1", tmp_path / "node",
-                      stand_in=_ready_stand_in).start()  # fmt: skip
+                      stand_in=_stand_in(sandboxes_done)).start()  # fmt: skip
     yield agent
     agent.close()
-
-
-@pytest.fixture
-def kubelet(cluster: tuple[EmulatorThread, Api, Path]) -> Iterator[Kubelet]:
-    k = Kubelet(cluster[1])
-    yield k
-    k.close()
 
 
 @pytest.fixture
@@ -122,24 +128,3 @@ def engines(prometheus: PrometheusServer) -> Iterator[Callable[..., FakeEngine]]
     for engine in made:
         prometheus.remove_target(engine.address)
         engine.close()
-
-
-@pytest.fixture
-def operator(
-    cluster: tuple[EmulatorThread, Api, Path], prometheus: PrometheusServer, tmp_path: Path
-) -> Iterator[Callable[..., OperatorProcess]]:
-    """``operator(**flags)``: the operator process started against the emulator, stopped at the end."""
-    started: list[OperatorProcess] = []
-    store = tmp_path / "store"
-    store.mkdir()
-
-    def start(**flags: Any) -> OperatorProcess:
-        log = tmp_path / f"operator-{flags.get('pod_id') or 'standalone'}.log"
-        env = {"PYTHONPATH": str(REPO / "tests")}
-        proc = OperatorProcess(cluster[2], prometheus.url, store, log, env=env, **flags)
-        started.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in started:
-        proc.stop()

@@ -1,22 +1,18 @@
-"""What the operator's integration tests stand on: the real operator process, an API client, fake engines,
-and a stand-in for the controllers that do not run here.
+"""What the operator's integration tests stand on: the real operator process, an API client and fake
+engines.
 
-- ``Api``: plain HTTP on the emulator (the wire protocol, nothing in between), or the admin's
-  client of the real control plane.
+- ``Api``: the admin's client of the real control plane (plain HTTP verbs, nothing in between).
 - ``OperatorProcess`` (``support.operator_process``, shared with the e2e harness): ``polymorph
   operator`` with short intervals; ``kill()`` sends SIGKILL, ``start()`` starts it again; its
   JSON log lines are kept in a file.
 - ``FakeEngine``: an HTTP /metrics endpoint rendered by the engine's own ``ServerMetrics``,
   fed with requests of the shape and speed the test chooses, scraped by the real Prometheus.
-- ``Kubelet``: makes Deployments' status say their replicas are ready and rolled out, as the
-  Deployment controller and kubelets would (the emulator runs no controllers).
-- ``trace_agents`` / ``operator_access``: the emulator's access log, only the operator's calls;
-  ``audit_against_chart`` checks them against the Helm chart's rendered RBAC.
+- ``audit_against_chart``: recorded API calls (the API server's audit log, through
+  ``charts.chart_rbac.audited_calls``) checked against the Helm chart's rendered RBAC.
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,11 +31,8 @@ __all__ = [
     "REPO",
     "Api",
     "FakeEngine",
-    "Kubelet",
     "OperatorProcess",
     "audit_against_chart",
-    "operator_access",
-    "trace_agents",
     "wait_for",
 ]
 
@@ -47,7 +40,7 @@ GROUP = "/apis/polymorph.dev/v1alpha1"
 
 
 class Api:
-    """A few verbs over the emulator's REST API (or the real API server's, through ``client``)."""
+    """A few verbs over the API server's REST API, through ``client`` (or a plain one for ``url``)."""
 
     def __init__(self, url: str, client: httpx.Client | None = None) -> None:
         self.client = client or httpx.Client(base_url=url, timeout=10)
@@ -152,88 +145,6 @@ class FakeEngine:
         self._stop.set()
         self.server.shutdown()
         self.server.server_close()
-
-
-class Kubelet:
-    """Marks every Deployment in the namespace as rolled out and ready, like the controllers would."""
-
-    def __init__(self, api: Api, every: float = 0.2) -> None:
-        self.api = api
-        self.every = every
-        self.paused: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                for d in self.api.items(f"/apis/apps/v1/namespaces/{NS}/deployments"):
-                    name = d["metadata"]["name"]
-                    if name in self.paused:
-                        continue
-                    replicas = int(d["spec"].get("replicas") or 0)
-                    gen = d["metadata"].get("generation", 1)
-                    want = {
-                        "observedGeneration": gen, "replicas": replicas, "readyReplicas": replicas,
-                        "updatedReplicas": replicas, "availableReplicas": replicas,
-                    }  # fmt: skip
-                    status = d.get("status") or {}
-                    if any(status.get(k) != v for k, v in want.items()):
-                        self.api.client.patch(
-                            f"/apis/apps/v1/namespaces/{NS}/deployments/{name}/status",
-                            json={"status": want},
-                            headers={"Content-Type": "application/merge-patch+json"},
-                        )
-            except httpx.HTTPError:
-                continue
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-_agent: contextvars.ContextVar[str] = contextvars.ContextVar("polymorph_test_user_agent", default="")
-
-
-class _AgentLog(list):  # type: ignore[type-arg]
-    """The emulator's access log, each entry tagged with the User-Agent of the request that made it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.agents: list[str] = []
-
-    def append(self, item: Any) -> None:
-        super().append(item)
-        self.agents.append(_agent.get())
-
-
-def trace_agents(emulator: Any) -> _AgentLog:
-    """Tag the emulator's access log with User-Agents, so a test can tell the operator's requests from its own."""
-    log = _AgentLog()
-    emulator.access_log = log
-    base = type(emulator)
-
-    class Traced(base):  # type: ignore[valid-type, misc]
-        __slots__ = ()
-
-        async def _route(self, request: Any) -> Any:
-            _agent.set(request.headers.get("User-Agent", ""))
-            return await super()._route(request)
-
-    emulator.__class__ = Traced  # the emulator is a slotted attrs class: swap the class, not a method
-    return log
-
-
-def operator_access(log: _AgentLog) -> set[Call]:
-    """Every request not made by the test's httpx client, as RBAC sees it (namespace None: cluster-wide)."""
-    out = set()
-    for access, agent in zip(log, log.agents, strict=True):
-        if agent.startswith("python-httpx"):
-            continue
-        resource = f"{access.resource}/{access.subresource}" if access.subresource else access.resource
-        out.add(Call(access.verb, access.api_group, resource, access.namespace or None))
-    return out
 
 
 def audit_against_chart(calls: set[Call], values: dict[str, Any]) -> set[Use]:

@@ -1,8 +1,9 @@
 """The fleet drift cycle at 500 deployments: a fixed number of PromQL queries, however large the fleet.
 
-The cycle runs in-process against the real emulator (for the status writes and CompileJobs); the
-Prometheus seam is a plain function answering the three profile queries for every deployment, which
-also counts what it is asked. (The real-Prometheus, real-process version is bench/fleet_drift.py.)
+The cycle runs in-process against the real control plane (``real_cluster``: the status writes and
+CompileJobs go through the real API server, its schema and CEL rules); the Prometheus seam is a
+plain function answering the three profile queries for every deployment, which also counts what
+it is asked. (The real-Prometheus, real-process version is bench/fleet_drift.py.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from polymorph.handlers.context import AnalysisCache, Context, Health
 from polymorph.handlers.fleet import drift_cycle
 from polymorph.handlers.observability import OperatorMetrics
 from polymorph.handlers.settings import OperatorConfig
-from support.k8s_emulator import EmulatorThread
+from support.control_plane import ControlPlane
 
 SHORT = {
     "inputTokens": {"bounds": [64], "counts": [100]},
@@ -62,9 +63,9 @@ def answers(drifted: set[str], names: list[str], asked: list[str]) -> Any:
 
 @pytest.fixture
 def fleet(
-    cluster: tuple[EmulatorThread, Api, Path], tmp_path: Path
+    real_cluster: tuple[ControlPlane, Api, Path], tmp_path: Path
 ) -> tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]]:
-    _, api, _ = cluster
+    _, api, _ = real_cluster
     index: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for i in range(500):
         created = api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", body(i, "1m" if i % 2 else "5m"))
@@ -86,7 +87,7 @@ def context(kubeconfig: Path, query: Any, tmp_path: Path) -> Context:
 
 
 def test_500_deployments_take_six_queries_for_two_windows(
-    cluster: tuple[EmulatorThread, Api, Path],
+    real_cluster: tuple[ControlPlane, Api, Path],
     fleet: tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]],
     tmp_path: Path,
 ) -> None:
@@ -97,7 +98,7 @@ def test_500_deployments_take_six_queries_for_two_windows(
     def down(_: str) -> list[Series]:
         raise PrometheusUnavailable("Prometheus at http://x is unreachable: ConnectionError")
 
-    ctx = context(cluster[2], down, tmp_path)
+    ctx = context(real_cluster[2], down, tmp_path)
     report = asyncio.run(drift_cycle(ctx, index, {}))
     assert report.error is not None and report.queries == 1 and report.written == 0 and report.opened == 0
     assert ctx.health.prometheus_error is not None and api.compilejobs() == []
@@ -105,7 +106,7 @@ def test_500_deployments_take_six_queries_for_two_windows(
     # Prometheus answers: 3 profile queries per distinct window, whatever the fleet's size.
     drifted = set(names[:10])
     asked: list[str] = []
-    ctx = context(cluster[2], answers(drifted, names, asked), tmp_path)
+    ctx = context(real_cluster[2], answers(drifted, names, asked), tmp_path)
     report = asyncio.run(drift_cycle(ctx, index, {}))
     assert report.deployments == 500
     assert report.queries == 6 == len(asked)  # 3 profile queries x 2 distinct windows

@@ -1,6 +1,9 @@
 """``kubectl polymorph`` against the running system: the real kubectl finds the plugin, which reads
-and steers a deployment the real operator is rolling out; the live objects go through the real
-kstatus library and the Argo CD health script; a ``get -w`` screen is looked at through tmux."""
+and steers a deployment the real operator is rolling out on the real control plane (the real
+Deployment and ReplicaSet controllers, a node agent whose pods answer their readiness probes; the
+engines' metrics come from FakeEngine); the live objects, as the real API server serves them, go
+through the real kstatus library and the Argo CD health script; a ``get -w`` screen is looked at
+through tmux."""
 
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ from typing import Any
 
 import pytest
 from documents import SLOW, figures
-from operator_harness import GROUP, NS, Api, FakeEngine, Kubelet, OperatorProcess, wait_for
+from operator_harness import GROUP, NS, Api, FakeEngine, OperatorProcess, wait_for
 
 from polymorph.contract.store import S3Store, ledger_key
+from support.control_plane import ControlPlane
 from support.go_tools import run_json
 from support.k8s_binaries import kubectl
-from support.k8s_emulator import EmulatorThread
+from support.node_agent import NodeAgent
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH = REPO / "resource_customizations" / "polymorph.dev"
@@ -116,15 +120,15 @@ def screen(session: str, escapes: bool = False) -> str:
 
 
 def test_plugin_steers_a_manual_rollout(
-    cluster: tuple[EmulatorThread, Api, Path],
-    operator: Callable[..., OperatorProcess],
+    real_cluster: tuple[ControlPlane, Api, Path],
+    real_operator: Callable[..., OperatorProcess],
     engines: Callable[..., FakeEngine],
-    kubelet: Kubelet,
+    real_kubelet: NodeAgent,
     tmux: Callable[[str], str],
     tmp_path: Path,
 ) -> None:
-    _, api, kubeconfig = cluster
-    operator()
+    _, api, kubeconfig = real_cluster
+    real_operator()
     plugin = Plugin(kubeconfig)
     listed = subprocess.run(
         [str(kubectl()), "plugin", "list"], env=plugin.env, capture_output=True, text=True
@@ -241,9 +245,9 @@ def test_plugin_steers_a_manual_rollout(
     time.sleep(0)
 
 
-def test_retry_runs_a_failed_compilejob_again(cluster: tuple[EmulatorThread, Api, Path]) -> None:
+def test_retry_runs_a_failed_compilejob_again(real_cluster: tuple[ControlPlane, Api, Path]) -> None:
     """retry of a deployment whose last CompileJob Failed: a new CompileJob with its spec, owned by the deployment."""
-    _, api, kubeconfig = cluster
+    _, api, kubeconfig = real_cluster
     plugin = Plugin(kubeconfig)
     md = api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment())
     spec = {
@@ -282,10 +286,10 @@ def test_retry_runs_a_failed_compilejob_again(cluster: tuple[EmulatorThread, Api
 
 
 def test_get_with_store_reads_the_leaderboard_from_the_ledgers_in_s3(
-    cluster: tuple[EmulatorThread, Api, Path], s3_store: S3Store, s3_bucket: str
+    real_cluster: tuple[ControlPlane, Api, Path], s3_store: S3Store, s3_bucket: str
 ) -> None:
     """get cj --store s3://...: the leaderboard from the CompileJob's ledger in S3 (moto), credentials from the environment."""
-    _, api, kubeconfig = cluster
+    _, api, kubeconfig = real_cluster
     plugin = Plugin(kubeconfig)
     base, fast = "sha256:" + "0" * 64, "sha256:" + "9" * 64
     cj = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob",

@@ -1,9 +1,12 @@
-"""The whole loop through the real operator process, the emulator and a real Prometheus:
+"""The whole loop through the real operator process, the real control plane and a real Prometheus:
 traffic shift -> exactly one CompileJob (cooldown honoured) -> Job -> store progress -> status ->
-success -> canary steps with the right replica counts -> passing analysis -> promotion. Its recorded
-API calls are the measure of the chart's RBAC in a namespaced install
-(tests/control_plane/test_operator_peering.py covers the cluster-wide and peering rows, on the
-real control plane)."""
+success -> canary steps with the right replica counts -> passing analysis -> promotion. The real
+Job controller runs the sandbox Job, whose pods a node agent runs as stand-ins that finish once
+the test has written the campaign's documents; the real Deployment and ReplicaSet controllers
+report the Deployments ready from stand-ins that answer their readiness probes (the engines'
+metrics come from FakeEngine). The operator runs as an identity of its own, so the API server's
+audit log holds its requests alone: they are the measure of the chart's RBAC in a namespaced
+install (tests/control_plane/test_operator_peering.py covers the cluster-wide and peering rows)."""
 
 from __future__ import annotations
 
@@ -13,23 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, progress, result
-from operator_harness import (
-    GROUP,
-    NS,
-    Api,
-    FakeEngine,
-    Kubelet,
-    OperatorProcess,
-    audit_against_chart,
-    operator_access,
-    trace_agents,
-    wait_for,
-)
+from operator_harness import GROUP, NS, Api, FakeEngine, OperatorProcess, audit_against_chart, wait_for
 
-from charts.chart_rbac import documented_unexercised, rbac_table
+from charts.chart_rbac import audited_calls, documented_unexercised, forbidden, rbac_table
 from polymorph.contract.api import WorkloadProfile
 from polymorph.contract.store import LocalStore, progress_key, result_key
-from support.k8s_emulator import EmulatorThread
+from support.control_plane import ControlPlane
+from support.node_agent import NodeAgent
+
+OPERATOR = "polymorph-operator"
+"""The operator's own identity on the control plane (an admin of its own name)."""
 
 DEPLOYMENT = {
     "apiVersion": "polymorph.dev/v1alpha1",
@@ -60,15 +56,15 @@ def build_of(deployment: dict[str, Any] | None) -> str | None:
 
 
 def test_drift_compile_canary_promote(
-    cluster: tuple[EmulatorThread, Api, Path],
-    operator: Callable[..., OperatorProcess],
+    real_cluster: tuple[ControlPlane, Api, Path],
+    real_operator: Callable[..., OperatorProcess],
     engines: Callable[..., FakeEngine],
-    kubelet: Kubelet,
+    real_kubelet: NodeAgent,
+    sandboxes_done: Path,
     tmp_path: Path,
 ) -> None:
-    running, api, _ = cluster
-    agents = running.call(trace_agents)
-    op = operator()
+    control_plane, api, _ = real_cluster
+    op = real_operator(kubeconfig=control_plane.user_kubeconfig(OPERATOR))
     for _ in range(2):
         engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
     api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", DEPLOYMENT)
@@ -93,6 +89,7 @@ def test_drift_compile_canary_promote(
     job = wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}"))
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["parallelism"] == 2
     assert api.get(f"/api/v1/namespaces/{NS}/configmaps/{name}-spec") is not None
+    wait_for("both sandbox pods started by the Job controller", lambda: (api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}") or {}).get("status", {}).get("active") == 2, timeout=30)  # fmt: skip
 
     # Cooldown: more drift cycles, still one job.
     time.sleep(2)
@@ -114,15 +111,15 @@ def test_drift_compile_canary_promote(
     assert [(s["index"], s["experiments"]) for s in cj_status["sandboxes"]] == [(0, 3), (1, 2)]
     assert cj_status["best"]["build"] == NEW
 
-    # Success: result.json and a completed Job -> Succeeded, candidateBuild, a canary at 25%.
+    # Success: result.json, then the sandboxes' agents exit 0 and the Job controller completes the
+    # Job -> Succeeded, candidateBuild, a canary at 25%.
     store.put_json(
         result_key(NS, name, uid),
         result(NEW, 130, live, "file:///store/builds/x.tar.gz").model_dump(mode="json"),
     )
-    api.client.patch(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}/status",
-                     json={"status": {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]}},
-                     headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
-    wait_for("candidateBuild", lambda: (status(api).get("candidateBuild") or {}).get("id") == NEW)
+    sandboxes_done.touch()
+    wait_for("the Job complete", lambda: (api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}") or {}).get("status", {}).get("succeeded") == 2, timeout=60)  # fmt: skip
+    wait_for("candidateBuild", lambda: (status(api).get("candidateBuild") or {}).get("id") == NEW, timeout=30)
     assert len(api.events("CompileJobSucceeded")) >= 1
     canary = wait_for("the canary Deployment", lambda: api.deployment("chat-canary"))
     assert build_of(canary) == NEW and canary["spec"]["replicas"] == 1
@@ -159,7 +156,10 @@ def test_drift_compile_canary_promote(
     # The operator never wrote the spec (kopf's finalizer and status do not bump the generation).
     assert (api.md("chat") or {})["metadata"]["generation"] == 1
     # RBAC exactly as used: the chart installed for this namespace grants every call the operator
-    # made (kopf's and the kubernetes client's), and every permission it grants was used, except
-    # those its RBAC table lists as unexercised with the reason.
-    unused = audit_against_chart(operator_access(agents), {"watchNamespaces": [NS]})
+    # made (kopf's and the kubernetes client's, as the audit log records them), and every
+    # permission it grants was used, except those its RBAC table lists as unexercised with the reason.
+    op.stop()  # its watches end, so the audit log has every request's last stage
+    requests = control_plane.audit(OPERATOR)
+    assert requests and forbidden(requests) == []
+    unused = audit_against_chart(audited_calls(requests), {"watchNamespaces": [NS]})
     assert unused == documented_unexercised(rbac_table()), unused

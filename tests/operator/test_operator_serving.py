@@ -1,9 +1,11 @@
 """The operator process against the real control plane: apply -> hardened children, `kubectl get
-md` columns, delete -> cleanup by the real garbage collector; against the emulator, Degraded for a
-bad spec (the real API server's CEL rules refuse that spec, so only the emulator can store it)."""
+md` columns, delete -> cleanup by the real garbage collector, and Degraded for a spec the
+operator's model refuses: one stored under an older CRD without the rule that refuses it now (the
+API server never checks a stored object again, so an upgrade of the CRDs leaves it as it was)."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import time
 from collections.abc import Callable
@@ -14,7 +16,6 @@ from operator_harness import GROUP, NS, Api, OperatorProcess, wait_for
 
 from support.control_plane import ControlPlane
 from support.k8s_binaries import kubectl
-from support.k8s_emulator import EmulatorThread
 
 
 def md(name: str = "chat", **spec: Any) -> dict[str, Any]:
@@ -74,15 +75,67 @@ def test_apply_creates_hardened_children_and_status(
     assert op.healthy()
 
 
+CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/modeldeployments.polymorph.dev"
+STEPS_RULE = "step weights must be strictly increasing"
+
+
+def _without_rule(crd: dict[str, Any], message: str) -> dict[str, Any]:
+    """``crd`` without the CEL rule whose message starts with ``message``: the CRD as it was before it."""
+    older = copy.deepcopy(crd)
+    dropped = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            rules = node.get("x-kubernetes-validations")
+            if rules:
+                dropped.extend(r for r in rules if r["message"].startswith(message))
+                node["x-kubernetes-validations"] = [r for r in rules if not r["message"].startswith(message)]
+                if not node["x-kubernetes-validations"]:
+                    del node["x-kubernetes-validations"]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(older["spec"])
+    assert len(dropped) == 1, dropped
+    return older
+
+
+def _replace_crd(api: Api, crd: dict[str, Any]) -> None:
+    current = api.get(CRD)
+    assert current is not None
+    body = {**crd, "metadata": {**crd["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+    r = api.client.put(CRD, json=body)
+    assert r.status_code == 200, r.text
+
+
 def test_invalid_spec_sets_degraded_once_without_crash_loop(
-    cluster: tuple[EmulatorThread, Api, Path], operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
 ) -> None:
-    _, api, _ = cluster
-    op = operator()
-    # The CRD's structural schema admits decreasing weights (a CEL rule refuses them in a real
-    # cluster); the operator's pydantic model refuses them.
+    _, api, _ = real_cluster
+    # Decreasing weights: the CRD's CEL rule refuses them, and so does the operator's pydantic model.
     bad = md(rollout={"steps": [{"weight": 50}, {"weight": 25}]})
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", bad)
+    path = f"{GROUP}/namespaces/{NS}/modeldeployments"
+    refused = api.client.post(path, json=bad)
+    assert refused.status_code == 422 and STEPS_RULE in refused.text, refused.text
+    # Stored under the CRD as it was before that rule (the API server takes a CRD change within a
+    # moment), then the CRD upgraded as the chart's README says: the object stays as it was stored.
+    crd = api.get(CRD)
+    assert crd is not None
+    current = {k: crd[k] for k in ("apiVersion", "kind", "spec")} | {
+        "metadata": {"name": crd["metadata"]["name"]}
+    }
+    _replace_crd(api, _without_rule(current, STEPS_RULE))
+    wait_for("the older CRD served", lambda: api.client.post(path, json=bad).status_code == 201, timeout=30)
+    _replace_crd(api, current)
+    probe = md("probe", rollout={"steps": [{"weight": 50}, {"weight": 25}]})
+    wait_for("the rule back", lambda: api.client.post(f"{path}?dryRun=All", json=probe).status_code == 422,
+             timeout=30)  # fmt: skip
+    assert [step["weight"] for step in (api.md("chat") or {})["spec"]["rollout"]["steps"]] == [50, 25]
+
+    op = real_operator()
     degraded = wait_for(
         "Degraded",
         lambda: next((c for c in (api.md("chat") or {}).get("status", {}).get("conditions", []) if c["type"] == "Degraded"), None),

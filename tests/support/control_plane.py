@@ -23,7 +23,8 @@ garbage collector then knows their objects from the start (a CRD made later it d
 The admin identity is the client certificate ``CN=polymorph-admin, O=system:masters``;
 ``kubeconfig`` points at it. ``kubeconfig_with_token`` writes one for a bearer token (a
 service account's, from the TokenRequest API). ``api()`` is an httpx client as the admin.
-``node_kubeconfig(name)`` is a kubelet's identity for a node agent. ``audit(username)`` reads
+``node_kubeconfig(name)`` is a kubelet's identity for a node agent; ``user_kubeconfig(name)``
+another admin, of its own name. ``audit(username)`` reads
 the API server's audit log (``AUDIT_POLICY``): each request of that user, with the RBAC
 authorizer's decision. ``timings`` holds the
 seconds each server took to be ready. Leaving the context stops the
@@ -428,6 +429,14 @@ class ControlPlane:
         cert, key = self._certs.issue(f"node-{node}", identity, groups=("system:nodes",))
         return write_kubeconfig(
             self.workdir / f"node-{node}.kubeconfig", self.url, self.ca_pem, cert=cert, key=key, user=identity
+        )
+
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ("system:masters",)) -> Path:
+        """A kubeconfig as ``user`` in ``groups`` (a client certificate): by default an admin of its
+        own name, so that ``audit(user)`` holds that one client's requests and no one else's."""
+        cert, key = self._certs.issue(f"user-{user}", user, groups=groups)
+        return write_kubeconfig(
+            self.workdir / f"user-{user}.kubeconfig", self.url, self.ca_pem, cert=cert, key=key, user=user
         )
 
     def audit(self, username: str) -> list[dict[str, Any]]:

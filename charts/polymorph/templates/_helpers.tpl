@@ -53,10 +53,10 @@ says where it is granted:
   clusterWide   only when the operator watches the whole cluster (kopf scans the CRDs then;
                 with a list of namespaces it scans nothing, so nothing is cluster-scoped);
   peering       kopf peering, only when replicas > 1 (namespaced or cluster-wide, as the mode).
-No row holds a wildcard. tests/operator runs the operator against an API server emulator and
-checks its recorded calls against the rendered roles: every call granted, and every granted
-verb used, except those a row lists under `unexercised` with the reason (the templates ignore
-that key).
+No row holds a wildcard. tests/operator runs the operator on the real control plane and checks
+its calls, as the API server's audit log records them, against the rendered roles: every call
+granted, and every granted verb used, except those a row lists under `unexercised` with the
+reason (the templates ignore that key).
 */}}
 {{- define "polymorph.rbacTable" -}}
 # get: a CompileJob reads its deployment. patch: kopf's finalizer (the timers need one).
