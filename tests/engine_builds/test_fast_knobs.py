@@ -173,11 +173,11 @@ def test_compiled_layers_agree_with_the_defaults() -> None:
 
 
 def _build_modules() -> tuple[Any, Any, Any]:
-    """(hot path, fused module, kernels module) of a freshly imported reference build; the modules
+    """(hot path, fused module, GEMV module) of a freshly imported reference build; the modules
     stay importable while the caller holds the hot path."""
     hotpath, _, _ = load_hotpath(load_model("tiny", seed=1), REFERENCE_BUILD, {**FUSED, "kernels": "triton"})
     fused = sys.modules[type(hotpath.fused).__module__]
-    return hotpath, fused, sys.modules[fused.__name__.rsplit(".", 1)[0] + ".kernels"]
+    return hotpath, fused, sys.modules[fused.__name__.rsplit(".", 1)[0] + ".gemv_kernels"]
 
 
 def _ops(nh: int, nkv: int, d: int, gemv: str = "triton") -> tuple[Any, Any]:
@@ -223,7 +223,7 @@ def test_projections_match_the_twins(gemv: str, rows: int) -> None:
 @pytest.mark.parametrize("blocks", [(2, 1024), (16, 256), (4, 4096)])
 def test_every_gemv_tile_matches_torch(blocks: tuple[int, int]) -> None:
     # The tiles prepare tunes over: one K tile (the peeled first load alone), several, a ragged last.
-    _hotpath, _, kernels = _build_modules()
+    _hotpath, _, gemv = _build_modules()
     n, k, rows = 40, 3000, 2
     x, w, res, nw = (
         _rand(rows, k, seed=1),
@@ -233,13 +233,13 @@ def test_every_gemv_tile_matches_torch(blocks: tuple[int, int]) -> None:
     )
     gu = _rand(rows, 2 * k, seed=5)
     close = {"atol": 1e-5, "rtol": 1e-5}
-    got = kernels.gemv(x, w, torch.empty(rows, n), res=res, blocks=blocks)
+    got = gemv.gemv(x, w, torch.empty(rows, n), res=res, blocks=blocks)
     torch.testing.assert_close(got, res + x @ w.T, **close)
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
-    got = kernels.gemv(x, w, torch.empty(rows, n), norm_weight=nw, blocks=blocks)
+    got = gemv.gemv(x, w, torch.empty(rows, n), norm_weight=nw, blocks=blocks)
     torch.testing.assert_close(got, normed @ w.T, **close)
     gate, up = gu.chunk(2, dim=-1)
-    got = kernels.gemv(gu, w, torch.empty(rows, n), silu_mul=True, blocks=blocks)
+    got = gemv.gemv(gu, w, torch.empty(rows, n), silu_mul=True, blocks=blocks)
     torch.testing.assert_close(got, (torch.nn.functional.silu(gate) * up) @ w.T, **close)
 
 
@@ -247,10 +247,13 @@ def test_every_gemv_tile_matches_torch(blocks: tuple[int, int]) -> None:
 def test_gemv_tuning_candidates_cover_the_swept_winners() -> None:
     # Each shape's best tile in a sweep of the llama-1b and llama-8b decode shapes on an H200, as
     # (BLOCK_N, weight elements per iteration): the set prepare tunes over must hold them all.
-    _hotpath, _, kernels = _build_modules()
-    tiles = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"]) for c in kernels.gemv_configs()}
+    _hotpath, _, gemv = _build_modules()
+    configs = gemv.gemv_configs()
+    tiles = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"]) for c in configs}
     assert {(8, 4096), (16, 4096), (2, 8192), (4, 2048), (8, 16384), (2, 2048)} <= tiles
-    assert len(tiles) == len(kernels.gemv_configs()) <= 16  # distinct, and few: each one is compiled
+    assert len(tiles) == len(configs) <= 16  # distinct, and few: each one is compiled
+    # Pruned to the shape: no tile wider than K.
+    assert max(c.kwargs["BLOCK_K"] for c in gemv._fitting_configs(configs, {"K": 1000})) <= 1024
 
 
 @needs_triton

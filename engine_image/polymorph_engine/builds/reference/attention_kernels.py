@@ -5,7 +5,7 @@
   length. Pass one writes per-split partial maxima, sums and outputs; pass two combines them.
 - ``attention_splits``: how many splits keep every multiprocessor busy for a batch.
 
-Its pure-PyTorch twin is ``TorchOps.attend`` in ``fused.py``; ``tests/engine_builds/test_fast_knobs.py``
+Its pure-PyTorch twin is ``TorchOps.attend`` in ``fused_ops.py``; ``tests/engine_builds/test_fast_knobs.py``
 compares them on fresh random inputs. Triton is an optional extra of this build: this module is
 imported only when the knob selects it. It knows nothing about layers or scheduling.
 Shapes: B = rows, NH = query heads, NKV = kv heads, D = head dim, S = cache slots, L = cache positions.
