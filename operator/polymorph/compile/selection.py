@@ -183,9 +183,27 @@ def edge_of(record: ExperimentRecord, objective: Objective) -> Edge | None:
     return Edge(record.build, comparison.against, math.log(est.value), se, est.n)
 
 
-def rank(records: Iterable[ExperimentRecord], base_build: str, objective: Objective) -> Ranking:
+EdgeMemo = dict[int, tuple[ExperimentRecord, Edge | None]]
+"""id(record) -> (the record, its edge) for one objective: a caller that ranks a growing set of
+records again and again computes each edge once (the record is kept beside its edge, so its id
+stays its own)."""
+
+
+def rank(
+    records: Iterable[ExperimentRecord], base_build: str, objective: Objective, memo: EdgeMemo | None = None
+) -> Ranking:
     """Every build the paired records connect to ``base_build``, ranked by all of them at once."""
-    return solve((e for e in (edge_of(r, objective) for r in records) if e is not None), base_build)
+    edges = []
+    for record in records:
+        if memo is None:
+            edge = edge_of(record, objective)
+        else:
+            if id(record) not in memo:
+                memo[id(record)] = (record, edge_of(record, objective))
+            edge = memo[id(record)][1]
+        if edge is not None:
+            edges.append(edge)
+    return solve(edges, base_build)
 
 
 def eligible(record: ExperimentRecord, objective: Objective) -> bool:

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from polymorph.compile.agents.base import CampaignContext
-from polymorph.compile.ranking import Edge, Ranking, solve
+from polymorph.compile.ranking import Edge, Ranking
 from polymorph.contract.api import ExperimentRecord
 from polymorph.contract.builds import knob_variant, read_build
 from polymorph.contract.store import build_id
@@ -260,7 +260,7 @@ class SearchAgent:
         self._base_id = ""
         self._defaults: Config = {}
         self._configs: dict[str, Config] = {}  # build id -> configuration
-        self._edges: dict[int, tuple[ExperimentRecord, Edge | None]] = {}  # id(record) -> its edge
+        self._edges: dict[int, tuple[ExperimentRecord, Edge | None]] = {}  # selection.EdgeMemo
 
     def run(self, ctx: CampaignContext) -> str:
         spec = read_build(ctx.base_dir)
@@ -359,21 +359,14 @@ class SearchAgent:
         return rows
 
     def _ranking(self, ctx: CampaignContext) -> Ranking:
-        """The agent's own records so far, ranked by all their pairings (as ``selection.rank``; each
+        """The agent's own records so far, ranked by all their pairings (``selection.rank``, each
         record's edge computed once).
 
         Not the campaign's ledger: on resume the ledger already holds what comes later, and a
         comparator or leader chosen from it would change the path the agent replays."""
-        from polymorph.compile.selection import edge_of  # selection imports agents.base: not at import time
+        from polymorph.compile.selection import rank  # selection imports agents.base: not at import time
 
-        edges = []
-        for record in (ctx.baseline, *self.tried.values()):
-            if id(record) not in self._edges:  # the record is kept beside its edge: its id stays its own
-                self._edges[id(record)] = (record, edge_of(record, ctx.objective))
-            edge = self._edges[id(record)][1]
-            if edge is not None:
-                edges.append(edge)
-        return solve(edges, self._base_id)
+        return rank((ctx.baseline, *self.tried.values()), self._base_id, ctx.objective, self._edges)
 
     def _leader_config(self, ctx: CampaignContext) -> Config:
         return self._configs.get(self._ranking(ctx).leader(), self._defaults)
