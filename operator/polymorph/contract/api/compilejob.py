@@ -32,12 +32,11 @@ from polymorph.contract.api.common import (
     WorkloadProfile,
 )
 from polymorph.contract.api.modeldeployment import HardwareSpec, ModelSource
-from polymorph.contract.api.rules import Rule
+from polymorph.contract.api.rules import Rule, name_rule
 
 TRACE_URI_PATTERN = r"^(s3://[^/\s]+/\S+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/\S+|[^:\s][^:]*)$"
 """A captured trace: ``s3://bucket/key``, ``pvc://claim/path`` or a local path."""
 _TRACE_URI = re.compile(TRACE_URI_PATTERN)
-_DNS_LABEL = re.compile(DNS_LABEL_PATTERN)
 
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[JobPhase] = frozenset({"Succeeded", "Failed", "Cancelled"})
@@ -193,14 +192,10 @@ class CompileJob(ResourceModel):
     # The name labels the Job's pods, so it must be a DNS label (<= 63 characters).
     NAME_MAX_LENGTH: ClassVar[int] = 63
     RULES = (
-        Rule(
-            f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{DNS_LABEL_PATTERN}')",
+        name_rule(
+            NAME_MAX_LENGTH,
+            DNS_LABEL_PATTERN,
             f"must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', as it names a Job",
-            lambda j: (
-                len(j.metadata.name) <= CompileJob.NAME_MAX_LENGTH
-                and _DNS_LABEL.match(j.metadata.name) is not None
-            ),
-            field="metadata.name",
         ),
     )
 

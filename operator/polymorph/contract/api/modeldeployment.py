@@ -31,7 +31,7 @@ from polymorph.contract.api.common import (
     StrictModel,
 )
 from polymorph.contract.api.deployment_status import ModelDeploymentStatus
-from polymorph.contract.api.rules import Rule, strictly_increasing
+from polymorph.contract.api.rules import Rule, name_rule, strictly_increasing
 
 Accelerator = Literal[
     "cpu", "nvidia-h100", "nvidia-h200", "nvidia-b200", "amd-mi300x", "amd-mi355x", "aws-trainium2"
@@ -340,24 +340,17 @@ class ModelDeploymentSpec(StrictModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
 
-_MD_NAME = re.compile(MD_NAME_PATTERN)
-
-
 class ModelDeployment(ResourceModel):
     """A whole ModelDeployment object, as in a manifest or a Kubernetes API response."""
 
     # The name becomes a Service and the Deployment "<name>-canary": a DNS-1035 label of <= 63.
     NAME_MAX_LENGTH: ClassVar[int] = 56
     RULES = (
-        Rule(
-            f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{MD_NAME_PATTERN}')",
+        name_rule(
+            NAME_MAX_LENGTH,
+            MD_NAME_PATTERN,
             f"must be at most {NAME_MAX_LENGTH} lowercase letters, digits or '-', starting with a "
             "letter, as it names a Service and the Deployment <name>-canary",
-            lambda md: (
-                len(md.metadata.name) <= ModelDeployment.NAME_MAX_LENGTH
-                and _MD_NAME.match(md.metadata.name) is not None
-            ),
-            field="metadata.name",
         ),
     )
 

@@ -25,12 +25,21 @@ This module knows nothing about any one resource.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-__all__ = ["FieldError", "Rule", "add_rules", "cel_strictly_increasing", "check_rules", "strictly_increasing"]
+__all__ = [
+    "FieldError",
+    "Rule",
+    "add_rules",
+    "cel_strictly_increasing",
+    "check_rules",
+    "name_rule",
+    "strictly_increasing",
+]
 
 
 class FieldError(ValueError):
@@ -78,6 +87,21 @@ class Rule:
         if self.field:
             entry["fieldPath"] = f".{self.field}"
         return entry
+
+
+def name_rule(max_length: int, pattern: str, message: str) -> Rule:
+    """A resource's ``metadata.name`` rule: at most ``max_length`` characters, matching ``pattern``
+    (a regular expression that CEL's ``matches`` and Python's ``re`` read alike), reported at
+    ``metadata.name`` with ``message``."""
+    regex = re.compile(pattern)
+    return Rule(
+        f"self.metadata.name.size() <= {max_length} && self.metadata.name.matches('{pattern}')",
+        message,
+        lambda resource: (
+            len(resource.metadata.name) <= max_length and regex.match(resource.metadata.name) is not None
+        ),
+        field="metadata.name",
+    )
 
 
 def check_rules(model: Any, rules: Sequence[Rule]) -> None:
