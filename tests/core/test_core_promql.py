@@ -23,6 +23,21 @@ def test_query_counts_do_not_depend_on_the_fleet() -> None:
         assert "model_deployment" in q and "namespace" in q
 
 
+def test_latency_samples_come_from_pods_that_served_an_interval_before_the_window() -> None:
+    q = analysis_queries("45s")
+    serving = (
+        "and on (namespace, model_deployment, track, instance) group by (namespace, model_deployment, "
+        'track, instance) (polymorph_requests_in_flight{model_deployment!=""} offset 90s)'
+    )
+    for name in ("itlMean", "itlP95", "ttftP95"):
+        assert q[name].endswith(serving) and "[45s]" in q[name], q[name]
+    assert "offset" not in q["requests"]  # errors count from every pod
+    assert (
+        "offset 2m)" in analysis_queries("1m")["itlMean"]
+        and "offset 1000ms)" in analysis_queries("500ms")["itlMean"]
+    )
+
+
 def test_profile_queries_use_the_window_and_engine_metric_names() -> None:
     q = profile_queries("10m")
     assert q["prompt"] == (

@@ -11,6 +11,10 @@ through ``polymorph.contract.stats.ratio`` (median ratio with a seeded bootstrap
 - ``interTokenLatencyP95Ratio`` and ``timeToFirstTokenP95Ratio``: per-pod p95, canary / stable.
 - ``errorRate``: the canary's errors / finished requests over the interval (no ratio).
 
+A pod gives latency samples only once it has served a whole interval before the window
+(``promql``: every sample covers the same window, and a pod's warm-up, its first interval,
+is not judged); its requests and errors count from its first scrape.
+
 Judging a value against ``thresholdRange`` (bounds included): Pass when the value is inside.
 Outside, it is Fail when the violation is beyond noise, i.e. the whole confidence interval
 is outside the range, or when no interval exists (fewer than two pods on a track, or a

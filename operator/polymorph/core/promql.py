@@ -12,12 +12,23 @@ analysis metrics four per distinct ``analysis.interval``, whatever the number of
 deployments: every query is grouped by ``namespace, model_deployment`` (and ``track`` and
 ``instance`` for analysis, so each serving pod is one sample for the statistics).
 
+A pod's latency samples (mean and p95 inter-token latency, p95 time to first token) come
+only from pods first scraped at least two intervals ago: each has served the whole window,
+so every pod's sample covers the same one, and it served a whole interval before it, its
+warm-up, which is not judged. A pod that has just become ready shares its first seconds with
+its own start-up: on the e2e's two shared cores, three canaries of builds 1.4-1.6x faster
+decoded at the stable pods' speed for their first 5-10 s, then 1.3-1.6x faster. So the first
+step of a rollout has no canary latency data for an interval or two (no data: ``noDataPolicy``);
+a later step still has the pods of the steps before it. Request and error counts take every
+pod from its first scrape: an error is never warm-up.
+
 It knows nothing about HTTP or the Prometheus client; it builds strings and reads numbers.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,15 +84,32 @@ def analysis_queries(interval: str) -> dict[str, str]:
     def rate(metric: str) -> str:
         return f"rate({metric}{_SELECT}[{interval}])"
 
+    # Pods scraped at least two intervals ago: warmed up for an interval before the window. Every
+    # engine exposes the in-flight gauge from its first scrape on, whatever its traffic.
+    serving = f"group by ({_POD}) (polymorph_requests_in_flight{_SELECT} offset {_twice(interval)})"
+
+    def whole(query: str) -> str:
+        return f"({query}) and on ({_POD}) {serving}"
+
     itl = "polymorph_inter_token_latency_seconds"
     ttft = "polymorph_time_to_first_token_seconds"
     return {
         # Mean gap between tokens of one request; its inverse is per-request decode speed.
-        "itlMean": f"sum by ({_POD}) ({rate(itl + '_sum')}) / sum by ({_POD}) ({rate(itl + '_count')})",
-        "itlP95": f"histogram_quantile(0.95, sum by ({_POD}, le) ({rate(itl + '_bucket')}))",
-        "ttftP95": f"histogram_quantile(0.95, sum by ({_POD}, le) ({rate(ttft + '_bucket')}))",
+        "itlMean": whole(
+            f"sum by ({_POD}) ({rate(itl + '_sum')}) / sum by ({_POD}) ({rate(itl + '_count')})"
+        ),
+        "itlP95": whole(f"histogram_quantile(0.95, sum by ({_POD}, le) ({rate(itl + '_bucket')}))"),
+        "ttftP95": whole(f"histogram_quantile(0.95, sum by ({_POD}, le) ({rate(ttft + '_bucket')}))"),
         "requests": f"sum by ({_POD}, status) (increase(polymorph_requests_total{_SELECT}[{interval}]))",
     }
+
+
+def _twice(interval: str) -> str:
+    """``interval`` doubled, in its own unit (``8s`` -> ``16s``, ``1m`` -> ``2m``)."""
+    match = re.fullmatch(r"(\d+)(ms|s|m|h|d)", interval)
+    if match is None:
+        raise ValueError(f"{interval!r} is not a duration of one number and one unit, such as 30s or 1m")
+    return f"{2 * int(match.group(1))}{match.group(2)}"
 
 
 def substitute(query: str, *, name: str, namespace: str, interval: str) -> str:
