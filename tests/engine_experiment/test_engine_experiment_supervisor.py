@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,28 @@ def test_a_worker_that_cannot_load_the_model_is_one_sentence(tmp_path: Path) -> 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="experiment_timeout"):
         Supervisor(MODEL, experiment_timeout=0)
+
+
+class _CtrlCAtSpawn(SpawnProcess):
+    """A worker process whose start is preceded by a Ctrl-C to the parent (module level: spawn
+    pickles the process object)."""
+
+    def start(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # what the terminal sends the process group
+        super().start()
+
+
+def test_a_ctrl_c_while_the_worker_spawns_stops_the_parent(tmp_path: Path) -> None:
+    # Once seen in CI: a campaign restarted its worker right after an experiment, the Ctrl-C
+    # landed then, and the parent (ignoring SIGINT while spawning) dropped it and ran on.
+    supervisor = Supervisor(MODEL, experiment_timeout=TIMEOUT_S, threads=1)
+    base = supervisor._ctx.Process
+    supervisor._ctx.Process = _CtrlCAtSpawn  # type: ignore[attr-defined,misc]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            supervisor.start()
+        assert supervisor._process is not None  # the child is the supervisor's to stop
+    finally:
+        supervisor._ctx.Process = base  # type: ignore[attr-defined,misc]
+        supervisor.close()
+    assert not supervisor.alive

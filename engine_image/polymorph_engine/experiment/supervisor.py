@@ -106,25 +106,38 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
     """The child's entry point: ``_worker_loop``, quiet on Ctrl-C and when the parent goes away.
 
     SIGINT reaches the whole terminal process group; it is the parent's to act on (it stops this
-    worker), so the child ignores it. A parent that died (SIGTERM, SIGKILL) closes the pipe: the
-    child then ends without a traceback.
+    worker), so the child ignores it. It started with SIGINT blocked (``_sigint_deferred``), so a
+    Ctrl-C during its imports waited; ignoring it discards that one too. A parent that died
+    (SIGTERM, SIGKILL) closes the pipe: the child then ends without a traceback.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):  # the parent went away
         _worker_loop(conn, config)
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while a child is spawned (in the main thread only, where signals are handled)."""
+def _sigint_deferred() -> Iterator[None]:
+    """SIGINT held back while a child is spawned (in the main thread only, where signals are handled).
+
+    The main thread blocks it, and the child inherits that mask through exec, so a Ctrl-C during
+    its imports cannot raise there. The parent keeps the signal: pending while blocked, or noted by
+    a stand-in handler when another thread of the process took it; once the child is spawned, the
+    previous handler gets it. (Ignoring it instead, as this once did, dropped a Ctrl-C that landed
+    while a worker was restarted after an experiment: the campaign then ran on.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one reaches `previous`
+        if noted:
+            signal.raise_signal(signal.SIGINT)
 
 
 def compile_cache_dir() -> Path:
@@ -296,10 +309,10 @@ class Supervisor:
         process = self._ctx.Process(
             target=_worker_main, args=(child_conn, self._config), name="polymorph-worker", daemon=True
         )
-        with _sigint_ignored():  # inherited through exec: a Ctrl-C during the child's imports is the parent's
+        with _sigint_deferred():  # a Ctrl-C now is the parent's, once the child is in self._process
             process.start()
-        child_conn.close()
-        self._process, self._conn = process, parent_conn
+            child_conn.close()
+            self._process, self._conn = process, parent_conn
         deadline = None if self.start_timeout is None else started + self.start_timeout
         message = self._receive(deadline)
         if message is None or message[0] != "ready":
