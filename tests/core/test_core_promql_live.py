@@ -9,13 +9,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from polymorph.core.promql import analysis_queries, parse_analysis
-from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST, RequestObservation, ServerMetrics
+from polymorph_engine.serving.metrics import RequestObservation, ServerMetrics
+from support.metrics_endpoint import MetricsEndpoint
 from support.prometheus import PrometheusServer, prometheus
 
 __all__ = ["prometheus"]
@@ -23,40 +23,15 @@ __all__ = ["prometheus"]
 INTERVAL_S = 4
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:
-        body = self.server.metrics.render()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    metrics: ServerMetrics
-
-
 class Engine:
     """One engine's /metrics, finishing a request of 8 tokens at ``itl_s`` every 50 ms."""
 
     def __init__(self, track: str, itl_s: float) -> None:
         self.metrics = ServerMetrics("b", "chat", track)
-        self.server = _Server(("127.0.0.1", 0), _Handler)
-        self.server.metrics = self.metrics
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self._endpoint = MetricsEndpoint(self.metrics)
+        self.address = self._endpoint.address
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self.server.serve_forever, daemon=True),
-            threading.Thread(target=self._traffic, args=(itl_s,), daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        threading.Thread(target=self._traffic, args=(itl_s,), daemon=True).start()
 
     def _traffic(self, itl_s: float) -> None:
         while not self._stop.wait(0.05):
@@ -65,8 +40,7 @@ class Engine:
 
     def close(self) -> None:
         self._stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self._endpoint.close()
 
 
 @pytest.fixture

@@ -14,14 +14,14 @@ engines.
 from __future__ import annotations
 
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 
 from charts.chart_rbac import Call, Use, audit, effective_permissions
 from charts.chart_render import FULLNAME, NAMESPACE, render
-from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST, RequestObservation, ServerMetrics
+from polymorph_engine.serving.metrics import RequestObservation, ServerMetrics
+from support.metrics_endpoint import MetricsEndpoint
 from support.operator_process import NS, REPO, OperatorProcess
 from support.waiting import wait_for
 
@@ -87,41 +87,16 @@ class Api:
         return self.items(f"{GROUP}/namespaces/{NS}/compilejobs")
 
 
-class _MetricsHandler(BaseHTTPRequestHandler):
-    server: _MetricsServer
-
-    def do_GET(self) -> None:
-        body = self.server.engine.metrics.render()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-class _MetricsServer(ThreadingHTTPServer):
-    engine: FakeEngine
-
-
 class FakeEngine:
     """One serving pod's /metrics, fed with the traffic the test sets (``serve``), scraped by Prometheus."""
 
     def __init__(self, model_deployment: str, track: str, build: str) -> None:
         self.metrics = ServerMetrics(build, model_deployment, track)
-        self.server = _MetricsServer(("127.0.0.1", 0), _MetricsHandler)
-        self.server.engine = self
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self._endpoint = MetricsEndpoint(self.metrics)
+        self.address = self._endpoint.address
         self._stop = threading.Event()
         self._shape = (64, 32, 0.01, 20.0, 2)
-        self._threads = [
-            threading.Thread(target=self.server.serve_forever, daemon=True),
-            threading.Thread(target=self._traffic, daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        threading.Thread(target=self._traffic, daemon=True).start()
 
     def serve(
         self, prompt: int, generated: int, itl_s: float, per_second: float = 20.0, in_flight: int = 2
@@ -143,8 +118,7 @@ class FakeEngine:
 
     def close(self) -> None:
         self._stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self._endpoint.close()
 
 
 def audit_against_chart(calls: set[Call], values: dict[str, Any]) -> set[Use]:
