@@ -70,7 +70,7 @@ demo: $(RUN_STAMP)
 e2e: venv prometheus control-plane
 	$(BIN)/pytest -q e2e
 
-# The same scenario, narrated for a person to watch; ends with kubectl get md,compilejobs,deploy,jobs,pods.
+# The same scenario, narrated for a person to watch; ends with kubectl get md,cj.polymorph.dev,deploy,jobs,pods.
 demo-fleet: venv prometheus control-plane
 	PYTHONPATH=tests:e2e $(BIN)/python e2e/demo_fleet.py
 

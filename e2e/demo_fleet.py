@@ -4,7 +4,7 @@ It runs the same ``Fleet`` and ``Scenario`` as e2e/test_e2e_fleet_loop.py (the r
 plane with RBAC, kubectl, helm, operator, engines, Prometheus, S3 on moto, a node agent) and
 prints the story as it happens: traffic shifts, drift scores, CompileJob experiments, canary
 steps with the analysis values beside their thresholds, promotion, then the rollback of a
-slower build. It ends with ``kubectl get md,compilejobs,deploy,jobs,pods`` and exits 0 when
+slower build. It ends with ``kubectl get md,cj.polymorph.dev,deploy,jobs,pods`` and exits 0 when
 every step reached its state (1 otherwise).
 
 ``python e2e/demo_fleet.py [--keep DIR]``: ``--keep`` leaves the logs of every process in DIR.
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"$ kubectl -n {NS} get md {MD} -o jsonpath='{view}'")
         print(fleet.kubectl("-n", NS, "get", "md", MD, "-o", f"jsonpath={view}", check=False))
         # compilejobs in full: on a real API server the short name cj is CronJob's.
-        kinds = "md,compilejobs,deploy,jobs,pods"
+        kinds = "md,cj.polymorph.dev,deploy,jobs,pods"  # cj alone is the CronJob
         print(f"$ kubectl -n {NS} get {kinds}")
         print(fleet.kubectl("-n", NS, "get", kinds, check=False), end="")
     say("done")

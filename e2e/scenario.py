@@ -67,7 +67,7 @@ def deployment(pinned: str | None = None, policy: str = "Auto") -> dict[str, Any
         "kind": "ModelDeployment",
         "metadata": {"name": MD, "namespace": NS},
         "spec": {
-            "model": {"uri": "tiny", "dtype": "float32", "maxSeqLen": 1024},
+            "model": {"uri": "tiny", "dtype": "float32", "maxSeqLen": 512},
             "hardware": {"accelerator": "cpu"},
             "replicas": 3,
             # Two decode buckets, not four: a build that compiles its decode step (torch.compile)

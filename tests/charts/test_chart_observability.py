@@ -178,7 +178,7 @@ def failed(namespace: str, count: int) -> dict[str, Any]:
     return _alert(
         {"severity": "warning", "namespace": namespace},
         f"CompileJobs failed in namespace {namespace}",
-        f"{count} CompileJob(s) reached phase Failed in the last 1h. `kubectl get cj -n {namespace}` shows "
+        f"{count} CompileJob(s) reached phase Failed in the last 1h. `kubectl get cj.polymorph.dev -n {namespace}` shows "
         "them; each one's status.message says why.",
     )
 

@@ -27,7 +27,7 @@ JOB = {
     "kind": "CompileJob",
     "metadata": {"name": "tiny-cj", "namespace": "inference", "uid": "0f1e2d3c-aaaa-bbbb"},
     "spec": {
-        "model": {"uri": "tiny", "dtype": "float32"},
+        "model": {"uri": "tiny", "dtype": "float32", "maxSeqLen": 256},
         "hardware": {"accelerator": "cpu"},
         "workload": {
             "profile": {

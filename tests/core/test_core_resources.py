@@ -177,6 +177,15 @@ def test_sandbox_job_is_hardened() -> None:
     assert {"name": "spec", "configMap": {"name": f"{job_cj.metadata.name}-spec"}} in pod["volumes"]
 
 
+def test_the_sandbox_engine_benchmarks_at_the_serving_batch_when_the_job_has_a_deployment() -> None:
+    def engine_command(job: dict[str, Any]) -> list[str]:
+        pod = job["spec"]["template"]["spec"]
+        return list(next(c for c in pod["initContainers"] if c["name"] == "engine")["command"])
+
+    assert engine_command(sandbox_job(cj(), SETTINGS, max_batch=2))[-2:] == ["--max-batch", "2"]
+    assert "--max-batch" not in engine_command(sandbox_job(cj(), SETTINGS))  # no deployment: its workload
+
+
 def test_sandbox_configmap_holds_the_resolved_job() -> None:
     c = cj()
     cm = sandbox_configmap(c)

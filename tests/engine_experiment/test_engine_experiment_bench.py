@@ -13,6 +13,7 @@ from engine_support.builds import sensitive_model
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.workload import RequestShape, Workload
 from polymorph_engine.experiment.bench import ReusedCache, benchmark, make_prompts, percentile, replay
+from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel
@@ -204,3 +205,26 @@ def test_a_shaped_reused_cache_serves_every_request_that_fits(reference: HotPath
     assert reused.new_cache(4, 64) is first and reused.new_cache(1, 8) is first
     bigger = reused.new_cache(8, 64)  # does not fit: a cache of its own
     assert bigger is not first and made == [(4, 64), (8, 64)]
+
+
+def test_a_replay_allocates_its_caches_at_the_serving_length(reference: HotPath) -> None:
+    made: list[tuple[int, int]] = []
+
+    class Recording(TimedHotPath):
+        def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
+            made.append((max_batch, max_seq_len))
+            return super().new_cache(max_batch, max_seq_len)
+
+    workload = Workload((RequestShape(12, 4),), concurrency=2)
+    prompts = make_prompts(workload, 512)
+    hotpath = Recording(reference, FakeClock())
+    replay(hotpath, workload, prompts)  # type: ignore[arg-type]
+    replay(hotpath, workload, prompts, cache_len=1024)  # type: ignore[arg-type]
+    replay(hotpath, workload, prompts, cache_len=8)  # type: ignore[arg-type]  # never under the longest request
+    assert made == [(2, 16), (2, 1024), (2, 16)]
+    assert BenchSettings(cache_slots=8, cache_len=1024).cache_shape(workload) == (8, 1024)
+    assert (
+        BenchSettings(cache_slots=1, cache_len=8).cache_shape(workload)
+        == BenchSettings().cache_shape(workload)
+        == (2, 16)
+    )

@@ -11,12 +11,14 @@ from polymorph.contract.api import Histogram, WorkloadProfile
 from polymorph.contract.errors import UsageError
 from polymorph.contract.workload import (
     DEFAULT_WORKLOAD,
+    SERVING_MAX_BATCH,
     RequestShape,
     Workload,
     fit_workload,
     load_workload,
     parse_trace,
     sample_requests,
+    serving_max_batch,
     workload_from_profile,
 )
 
@@ -127,3 +129,12 @@ def test_fitting_keeps_the_shape_and_is_deterministic() -> None:
     assert fitted.requests == (RequestShape(10, 8, 0.0), RequestShape(5, 2, 1.0), RequestShape(1, 1, 2.0))
     assert fitted.concurrency == 4 and fitted.digest == "sha256:x" and fitted.max_tokens == 18
     assert fit_workload(workload) == workload
+
+
+def test_the_serving_batch_is_the_engine_args_last_max_batch_else_the_engines_default() -> None:
+    assert serving_max_batch([]) == SERVING_MAX_BATCH == 8
+    assert serving_max_batch(["--max-batch", "2"]) == 2
+    assert serving_max_batch(["--max-batch=4", "--max-queue", "9", "--max-batch", "16"]) == 16
+    # A value the engine would refuse at start-up is not a serving batch: the default stands.
+    assert serving_max_batch(["--max-batch", "0"]) == serving_max_batch(["--max-batch"]) == 8
+    assert serving_max_batch(["--max-batch", "two"]) == serving_max_batch(["--max-batch=99999"]) == 8

@@ -98,9 +98,12 @@ def replay(
     *,
     device: torch.device | str = "cpu",
     clock: Callable[[], float] = time.perf_counter,
+    cache_len: int | None = None,
 ) -> PassResult:
-    """Run every request of ``workload`` once through a fresh scheduler and time it."""
-    max_seq_len = workload.max_tokens
+    """Run every request of ``workload`` once through a fresh scheduler and time it.
+
+    ``cache_len``: the sequence length its caches are allocated for (None: the longest request's)."""
+    max_seq_len = max(cache_len or 0, workload.max_tokens)
     scheduler = Scheduler(hotpath, workload.concurrency, max_seq_len, eos_id=None, device=device)
     pending = deque(sorted(zip(workload.requests, prompts, strict=True), key=lambda rp: rp[0].arrival_s))
     arrival: dict[Request, float] = {}

@@ -86,12 +86,13 @@ class BenchSettings:
     (None: 2 s on a CPU, 10 s on an accelerator).
     ``max_repeats == repeats`` gives a fixed number of passes.
 
-    ``clock``: what times a pass. ``auto`` is the worker process's CPU time on a CPU device and
-    wall time (every step ends with a device sync) on an accelerator. On a shared CPU, wall time
-    charges a build for other tenants' time slices: under a load of 4 on 2 cores, wall-clock
-    pair ratios of two fixed builds spread over 0.65-1.80 (p10-p90), CPU-time ratios over
-    0.94-1.28. CPU time counts every thread of the process, so parallelism cannot fake a win; a
-    candidate that waits instead of computing is judged by wall time (``measure.waits_more``).
+    ``cache_slots`` and ``cache_len``: the shape every KV cache of the benchmark is allocated at,
+    the one the build will serve at (a deployment's engine ``--max-batch`` and its
+    ``model.maxSeqLen``); never less than the workload's concurrency and longest request, which
+    None gives. A build whose step costs by its cache's shape is measured as it will serve: one
+    that attends a static cache under a mask pays for its length, and one that pads every decode
+    to the cache's batch (``capture_buckets = max``) pays for its slots. (A build measured
+    1.19x [1.07, 1.33] at one slot decoded at 0.83-1.06x of the stable build when served with two.)
     """
 
     repeats: int = 5
@@ -103,6 +104,15 @@ class BenchSettings:
     max_warmup: int = 6
     warmup_tolerance: float = 0.05
     clock: Literal["auto", "wall", "cpu"] = "auto"
+    cache_slots: int | None = None
+    cache_len: int | None = None
+
+    def cache_shape(self, workload: Workload) -> tuple[int, int]:
+        """(slots, sequence length) of every cache a benchmark of ``workload`` allocates."""
+        return (
+            max(self.cache_slots or 0, workload.concurrency),
+            max(self.cache_len or 0, workload.max_tokens),
+        )
 
     def cpu_clock(self, device: torch.device | str) -> bool:
         """Whether passes are timed by the process's CPU time (``clock``: auto = on CPU devices)."""
@@ -216,7 +226,7 @@ def run_experiment(
         device = engine.model.device
         # One cache for verification and the benchmark: the build prepares it (graph captures,
         # compiled warm-ups) once, and the benchmark's warm-up starts from a prepared build.
-        candidate = ReusedCache(loaded.hotpath, shape=(workload.concurrency, workload.max_tokens))
+        candidate = ReusedCache(loaded.hotpath, shape=settings.cache_shape(workload))
         key = f"{record.build} {sorted((knobs or {}).items())!r}"
         known = verified.get(key) if verified is not None else None
         t = time.perf_counter()
@@ -282,9 +292,10 @@ def _benchmark(
 
     cpu = settings.cpu_clock(device)
     clock = time.process_time if cpu else time.perf_counter
+    shape = settings.cache_shape(workload)
 
     def passes_of(reused: ReusedCache) -> Callable[[], PassResult]:
-        return lambda: replay(reused, workload, prompts, device=device, clock=clock)
+        return lambda: replay(reused, workload, prompts, device=device, clock=clock, cache_len=shape[1])
 
     if baseline is None:
         one = measure_one(passes_of(candidate), policy)
@@ -293,7 +304,7 @@ def _benchmark(
         return
     against, base_path = baseline
     paired = measure_paired(
-        passes_of(candidate), passes_of(ReusedCache(base_path)), policy, baseline_warm=baseline_warm
+        passes_of(candidate), passes_of(ReusedCache(base_path, shape)), policy, baseline_warm=baseline_warm
     )
     if cpu and waits_more(paired.candidate, paired.baseline):
         # The candidate spends its pass waiting rather than computing (sleeps, locks, I/O): CPU time

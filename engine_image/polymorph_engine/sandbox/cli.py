@@ -5,7 +5,9 @@ worker (``experiment.supervisor.Supervisor``) and serves the admin API
 (``sandbox.admin.serve_admin``) on 127.0.0.1 only, until SIGTERM or SIGINT. The port is bound
 before the model loads, so a taken or impossible one is a one-line error at once. The workload, gates and
 experiment timeout come from the CompileJob spec (read by ``polymorph.contract.job``, as the agent
-container reads it); the model from ``--model`` or ``spec.model``.
+container reads it); the model from ``--model`` or ``spec.model``. Every benchmark cache has the
+shape the deployment's engines serve at: ``--max-batch`` slots (the operator passes the batch of
+their ``spec.engine.args``) and ``--max-seq-len`` positions (default ``spec.model.maxSeqLen``).
 
 It only gathers inputs and wires the supervisor and the admin server together.
 """
@@ -24,7 +26,13 @@ from polymorph.contract.errors import UsageError
 from polymorph.contract.inputs import integer
 from polymorph.contract.job import SPEC_ENV, read_compilejob, workload_identity
 from polymorph.contract.measurement import DEFAULT_REPEATS, MAX_REPEATS
-from polymorph.contract.workload import DEFAULT_WORKLOAD, load_workload, workload_from_profile
+from polymorph.contract.workload import (
+    DEFAULT_WORKLOAD,
+    MAX_REQUEST_TOKENS,
+    MAX_SERVING_BATCH,
+    load_workload,
+    workload_from_profile,
+)
 from polymorph_engine.experiment.run import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 from polymorph_engine.sandbox.admin import serve_admin
@@ -54,6 +62,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=integer(2, MAX_REPEATS),
         default=DEFAULT_REPEATS,
         help=f"least measured benchmark passes per experiment, at least 2 (default {DEFAULT_REPEATS})",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=integer(1, MAX_SERVING_BATCH),
+        help="the batch the deployment's engines decode (their --max-batch): every benchmark cache has "
+        "these slots (default: the workload's concurrency)",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=integer(1, MAX_REQUEST_TOKENS),
+        help="the sequence length the deployment's engines allocate (their --max-seq-len): every "
+        "benchmark cache has it (default: spec.model.maxSeqLen, else the workload's longest request)",
     )
     parser.add_argument(
         "--workdir",
@@ -88,7 +108,13 @@ def run(args: argparse.Namespace) -> int:
         workload=workload,
         gates=spec.gates,
         experiment_timeout=parse_duration(spec.budget.experimentTimeout),
-        settings=BenchSettings(repeats=args.repeats),
+        # Every benchmark cache has the shape the winner will serve at, as the deployment's pods
+        # allocate theirs.
+        settings=BenchSettings(
+            repeats=args.repeats,
+            cache_slots=args.max_batch,
+            cache_len=args.max_seq_len or (spec.model.maxSeqLen if spec.model is not None else None),
+        ),
     )
     workdir = Path(args.workdir) if args.workdir else None
     # The port is bound before the model loads, so a taken one is refused in a moment, not after it.

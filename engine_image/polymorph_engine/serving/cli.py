@@ -33,6 +33,7 @@ from polymorph.contract.builds import resolve_build_arg
 from polymorph.contract.errors import BuildError, StoreError, UsageError
 from polymorph.contract.inputs import duration, integer, name, number
 from polymorph.contract.store import Store, build_id, check_writable, open_store, workload_prefix
+from polymorph.contract.workload import MAX_SERVING_BATCH, SERVING_MAX_BATCH
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving.metrics import ServerMetrics
@@ -75,7 +76,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="float32, bfloat16, float16, or auto: float32 on cpu, else bfloat16 (default auto)",
     )
     serve.add_argument(
-        "--max-batch", type=integer(1, MAX_BATCH), default=8, help="requests decoded together (default 8)"
+        "--max-batch",
+        type=integer(1, MAX_SERVING_BATCH),
+        default=SERVING_MAX_BATCH,
+        help=f"requests decoded together (default {SERVING_MAX_BATCH})",
     )
     serve.add_argument(
         "--max-queue",
@@ -148,7 +152,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-MAX_BATCH = 4096
 MAX_QUEUE = 1_000_000
 MAX_SEQ_LEN = 1 << 20
 

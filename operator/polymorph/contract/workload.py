@@ -40,6 +40,8 @@ from polymorph.contract.yaml_input import MAX_NUMBER_DIGITS, bounded_int, load_y
 
 __all__ = [
     "DEFAULT_WORKLOAD",
+    "MAX_SERVING_BATCH",
+    "SERVING_MAX_BATCH",
     "RequestShape",
     "TraceLine",
     "Workload",
@@ -51,6 +53,7 @@ __all__ = [
     "read_profile",
     "read_workload",
     "sample_requests",
+    "serving_max_batch",
     "workload_from_profile",
 ]
 
@@ -61,6 +64,10 @@ DEFAULT_WORKLOAD = WorkloadProfile(
 )
 """A chat-like sample profile: mostly short prompts and answers, a tail of long ones."""
 
+SERVING_MAX_BATCH = 8
+"""Requests a serving engine decodes together when its ``--max-batch`` is not given."""
+MAX_SERVING_BATCH = 4096
+"""The largest ``--max-batch`` an engine takes."""
 _ARRIVAL_KEYS = ("arrivalS", "arrival", "offsetS")
 MAX_REQUEST_TOKENS = 1 << 20
 """The longest prompt or output a workload may ask for (1,048,576 tokens)."""
@@ -306,3 +313,19 @@ def _scale(length: int, factor: float) -> int:
 def _factor(lengths: list[int], cap: int | None) -> float:
     longest = max(lengths)
     return 1.0 if cap is None or longest <= cap else cap / longest
+
+
+def serving_max_batch(args: list[str]) -> int:
+    """The ``--max-batch`` that engine arguments (a deployment's ``spec.engine.args``) give its pods.
+
+    The last one wins, as on the engine's command line; ``SERVING_MAX_BATCH`` when none is given
+    (or its value is not a whole number in range, which the engine refuses at start-up)."""
+    value: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--max-batch" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--max-batch="):
+            value = arg.split("=", 1)[1]
+    if value is not None and value.isdigit() and 1 <= int(value) <= MAX_SERVING_BATCH:
+        return int(value)
+    return SERVING_MAX_BATCH

@@ -338,8 +338,12 @@ def sandbox_configmap(cj: CompileJob) -> dict[str, Any]:
     }
 
 
-def sandbox_job(cj: CompileJob, settings: ClusterSettings) -> dict[str, Any]:
-    """The Indexed Job running ``spec.budget.sandboxes`` sandbox pods for a resolved CompileJob."""
+def sandbox_job(cj: CompileJob, settings: ClusterSettings, max_batch: int | None = None) -> dict[str, Any]:
+    """The Indexed Job running ``spec.budget.sandboxes`` sandbox pods for a resolved CompileJob.
+
+    ``max_batch``: the batch the deployment's engines decode (``serving_max_batch`` of its
+    ``spec.engine.args``); the sandbox benchmarks every build with caches of that many slots, as it
+    will serve. None (a CompileJob of no deployment): the workload's concurrency."""
     spec = cj.spec
     if spec.model is None or spec.hardware is None:
         raise ValueError("the sandbox needs a resolved CompileJob with spec.model and spec.hardware")
@@ -367,6 +371,7 @@ def sandbox_job(cj: CompileJob, settings: ClusterSettings) -> dict[str, Any]:
             str(SANDBOX_ADMIN_PORT),
             "--workdir",
             "/tmp/work",
+            *(["--max-batch", str(max_batch)] if max_batch is not None else []),
         ],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": place.resources,

@@ -36,6 +36,7 @@ from polymorph.contract.api import (
 from polymorph.contract.documents import CampaignResult, Progress
 from polymorph.contract.errors import StoreError
 from polymorph.contract.store import KeyNotFound, progress_key, result_key
+from polymorph.contract.workload import serving_max_batch
 from polymorph.core import compilejobs
 from polymorph.core.conditions import compilejob_progress, set_progress
 from polymorph.core.patch import JSON, sequenced_patch
@@ -95,13 +96,16 @@ async def create(body: RawBody, patch: kopf.Patch, ctx: Context) -> None:
     if cj.status is not None and cj.status.phase in TERMINAL_PHASES:
         return
     owner = await asyncio.to_thread(_owner_md, cj, ctx)
+    md = owner[1] if owner is not None else None
     try:
-        resolved = compilejobs.resolve(cj, owner[1] if owner is not None else None)
+        resolved = compilejobs.resolve(cj, md)
     except ValueError as exc:
         raise _fail(ctx, patch, body, str(exc)) from None
     try:
         _, _ = await asyncio.to_thread(apply, ctx.kube, CONFIGMAPS, sandbox_configmap(resolved))
-        verb, _ = await asyncio.to_thread(apply, ctx.kube, JOBS, sandbox_job(resolved, ctx.config.cluster))
+        max_batch = serving_max_batch(md.spec.engine.args) if md is not None else None
+        job = sandbox_job(resolved, ctx.config.cluster, max_batch)
+        verb, _ = await asyncio.to_thread(apply, ctx.kube, JOBS, job)
     except KubeError as exc:
         raise kopf.TemporaryError(f"could not write the sandbox Job: {exc}", delay=10) from None
     if verb == "created":
