@@ -89,7 +89,7 @@ def test_fleet_loop_promotes_then_rolls_back_a_slower_build(fleet: Fleet) -> Non
         raise
     finally:
         story.close()
-    assert time.monotonic() - started < 540, "\n".join(lines)
+    # No bound on the whole run's time: each wait has its own, named in its failure.
     if fleet.control_plane is not None:
         _rbac_as_used(fleet)
 
