@@ -23,6 +23,14 @@ is started; the cluster must already run the operator (the Helm chart), Promethe
 store named by ``E2E_PROMETHEUS_URL`` and ``E2E_STORE``, and the traffic reaches pods through
 ``kubectl port-forward``.
 
+``dawdling_build(store, workdir)`` puts the build the fleet starts on in the store: the reference
+build whose entry runs every step three times (on three caches); its extra knob ``dawdle``
+(default true) is two of those, so turning it off gives the reference's own step. A campaign from
+it always finds a build that clears its gate and the live analysis, on any traffic and however
+busy the cores: without that, the first promotion rested on a campaign finding a real CPU win over
+the reference beyond noise (1.19-1.56x at the serving shape, and once only 1.15x [1.00, 1.33],
+"no improvement", with one core kept busy).
+
 ``slowed_build(store, workdir, stable_knobs)`` puts a real, deliberately slower build in the
 store: the reference build whose entry runs every prefill and decode twice with its knobs and
 once more with the *stable* build's knobs (on three caches), and returns the first result. It
@@ -63,7 +71,7 @@ from support.operator_process import NS, REPO, OperatorProcess
 from support.prometheus import PrometheusServer
 from support.waiting import wait_for
 
-__all__ = ["NS", "REPO", "Fleet", "OperatorProcess", "slowed_build", "wait_for"]
+__all__ = ["NS", "REPO", "Fleet", "OperatorProcess", "dawdling_build", "slowed_build", "wait_for"]
 
 GROUP, VERSION = "polymorph.dev", "v1alpha1"
 BUCKET = "polymorph-e2e"
@@ -74,14 +82,13 @@ REFERENCE = REPO / "engine_image" / "polymorph_engine" / "builds" / "reference"
 AWS = {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e-secret", "AWS_REGION": "us-east-1"}
 
 
-_TWICE = '''"""Entry of the *slowed* build (an e2e fixture): every step runs twice with the build's
-knobs and once more with the stable build's knobs (``STABLE``), each on its own cache; with
-``dawdle = true`` (its default) the stable build's step runs twice more.
+_SLOWED = '''"""Entry of a deliberately slower build (an e2e fixture): every step runs ``OWN`` times with
+the build's knobs, then once with the knobs ``PLAIN`` (when given), each on its own cache; with
+``dawdle = true`` (its default) the last of those steps runs ``DAWDLE`` times more.
 
-The same function as its base (the first cache's result is returned), with the same knobs, and
-slower than the stable build whatever the knobs: a real build that is slower by construction,
-for the rollback path. ``dawdle = false`` pays on any traffic (two of five steps fewer), so a
-campaign from this build always finds a win that clears its gate.
+The same function as its base (the first cache's result is returned), slower by construction;
+``dawdle = false`` removes ``DAWDLE`` of its steps on any traffic, so a campaign from it always
+finds a win that clears its gate.
 """
 
 from __future__ import annotations
@@ -90,73 +97,81 @@ from typing import Any
 
 from .hotpath import load as load_base
 
-STABLE: dict[str, Any] = __STABLE__
+OWN: int = __OWN__
+PLAIN: dict[str, Any] | None = __PLAIN__
+DAWDLE: int = __DAWDLE__
 
 
-class TwiceHotPath:
+class SlowedHotPath:
     def __init__(self, model: Any, knobs: dict[str, Any]) -> None:
         knobs = dict(knobs)
-        self.extra = 2 if knobs.pop("dawdle", True) else 0
+        dawdle = knobs.pop("dawdle", True)
         self.inner = load_base(model, knobs)
-        self.plain = load_base(model, STABLE)
-
-    def _paths(self) -> list[Any]:
-        return [self.inner, self.inner, *[self.plain] * (1 + self.extra)]
+        last = self.inner if PLAIN is None else load_base(model, PLAIN)
+        self.paths = [self.inner] * OWN + ([] if PLAIN is None else [last]) + [last] * (DAWDLE if dawdle else 0)
 
     def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
-        return [p.new_cache(max_batch, max_seq_len) for p in self._paths()]
+        return [p.new_cache(max_batch, max_seq_len) for p in self.paths]
 
     def prefill(self, cache: Any, slot: int, tokens: Any) -> Any:
-        paths = self._paths()
-        for i in range(len(paths) - 1, 0, -1):
-            paths[i].prefill(cache[i], slot, tokens)
+        for i in range(len(self.paths) - 1, 0, -1):
+            self.paths[i].prefill(cache[i], slot, tokens)
         return self.inner.prefill(cache[0], slot, tokens)
 
     def decode(self, cache: Any, slots: Any, tokens: Any) -> Any:
-        paths = self._paths()
-        for i in range(len(paths) - 1, 0, -1):
-            paths[i].decode(cache[i], slots, tokens)
+        for i in range(len(self.paths) - 1, 0, -1):
+            self.paths[i].decode(cache[i], slots, tokens)
         return self.inner.decode(cache[0], slots, tokens)
 
     def sample(self, logits: Any) -> Any:
         return self.inner.sample(logits)
 
     def free(self, cache: Any, slot: int) -> None:
-        for path, c in zip(self._paths(), cache, strict=True):
+        for path, c in zip(self.paths, cache, strict=True):
             path.free(c, slot)
 
     def close(self) -> None:
-        self.inner.close()
-        self.plain.close()
+        for path in {id(p): p for p in self.paths}.values():
+            path.close()
 
 
-def load(model: Any, knobs: dict[str, Any]) -> TwiceHotPath:
-    return TwiceHotPath(model, knobs)
+def load(model: Any, knobs: dict[str, Any]) -> SlowedHotPath:
+    return SlowedHotPath(model, knobs)
 '''
+
+
+def _put_slowed(store: Store, folder: Path, name: str, description: str, own: int,
+                plain: dict[str, Any] | None, dawdle: int) -> str:  # fmt: skip
+    """The reference build as ``name``, its entry ``_SLOWED`` with these numbers, in ``store``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(REFERENCE, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = (folder / "build.toml").read_text()
+    toml = re.sub(r'name = "reference"', f'name = "{name}"', toml, count=1)
+    toml = re.sub(r'entry = "hotpath.py"', 'entry = "slowed.py"', toml, count=1)
+    toml = re.sub(r'description = ".*"', f"description = {json.dumps(description)}", toml, count=1)
+    toml += (
+        f"\n[knobs.dawdle]\nchoices = [true, false]\ndefault = true\n"
+        f'description = "true: {dawdle} steps more each step (the build\'s own slowness, which a campaign removes)."\n'
+    )
+    (folder / "build.toml").write_text(toml)
+    entry = _SLOWED.replace("__OWN__", str(own)).replace("__DAWDLE__", str(dawdle))
+    plain_knobs = None if plain is None else dict(sorted((k, v) for k, v in plain.items() if k != "dawdle"))
+    (folder / "slowed.py").write_text(entry.replace("__PLAIN__", repr(plain_knobs)))
+    return store.put_build(folder)
+
+
+def dawdling_build(store: Store, workdir: Path) -> str:
+    """Put the dawdling build (see the module docstring), where the fleet starts, in ``store``; its id."""
+    return _put_slowed(store, workdir / "dawdling-build", "dawdling",
+                       "The reference, every step computed three times (once with dawdle = false).", 1, None, 2)  # fmt: skip
 
 
 def slowed_build(store: Store, workdir: Path, stable_knobs: dict[str, Any]) -> str:
     """Put the slowed build (see the module docstring) in ``store``, slower than a build of the
     reference with ``stable_knobs``; returns its id."""
-    build = workdir / "slowed-build"
-    shutil.copytree(REFERENCE, build, ignore=shutil.ignore_patterns("__pycache__"))
-    toml = (build / "build.toml").read_text()
-    toml = re.sub(r'name = "reference"', 'name = "slowed"', toml, count=1)
-    toml = re.sub(r'entry = "hotpath.py"', 'entry = "twice.py"', toml, count=1)
-    toml = re.sub(
-        r'description = ".*"',
-        'description = "The reference, every step computed twice, and once more with the stable build\'s knobs."',
-        toml,
-        count=1,
-    )
-    toml += (
-        "\n[knobs.dawdle]\nchoices = [true, false]\ndefault = true\n"
-        "description = \"true: the stable build's step runs twice more each step (the slowed build's own "
-        'slowness, which a campaign removes)."\n'
-    )
-    (build / "build.toml").write_text(toml)
-    (build / "twice.py").write_text(_TWICE.replace("__STABLE__", repr(dict(sorted(stable_knobs.items())))))
-    return store.put_build(build)
+    return _put_slowed(store, workdir / "slowed-build", "slowed",
+                       "The reference, every step computed twice, and once more with the stable build's knobs.",
+                       2, stable_knobs, 2)  # fmt: skip
 
 
 class Fleet:

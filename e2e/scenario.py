@@ -4,8 +4,9 @@ Each step acts the way a person, a GitOps tool or the traffic would (real ``kube
 requests), then waits, with a deadline, for the state the operator must reach, and returns what
 it observed; the test asserts on it, the demo prints it. ``say`` narrates.
 
-1. ``apply_pinned``: the ModelDeployment, pinned to ``reference``; shape A traffic. Drift is
-   measured (the reference was tuned for no profile), but a pin never compiles or rolls out.
+1. ``apply_pinned``: the ModelDeployment, pinned to the dawdling build (``harness.dawdling_build``:
+   the reference computing each step three times); shape A traffic. Drift is measured (the build
+   was tuned for no profile), but a pin never compiles or rolls out.
 2. ``shift_and_unpin``: the traffic shifts to shape B (long generations); once Prometheus's
    window holds only B, GitOps removes the pin: drift -> one CompileJob -> sandbox Job (the
    SearchAgent driving a real hot-reload engine) -> best build in S3.
@@ -33,7 +34,7 @@ from typing import Any
 import httpx
 
 import gitops
-from harness import NS, Fleet, slowed_build, wait_for
+from harness import NS, Fleet, dawdling_build, slowed_build, wait_for
 from polymorph_engine.serving.metrics import TOKEN_BUCKETS
 from traffic import Shape, Traffic
 
@@ -171,6 +172,8 @@ class Scenario:
         self.fleet = fleet
         self.say = say
         self.traffic: Traffic | None = None
+        self.base = ""
+        """The dawdling build the deployment starts pinned to (``apply_pinned``)."""
         self.t0 = time.monotonic()
         self._seen: set[str] = set()
         self._told: dict[tuple[str, str, str], set[str]] = {}
@@ -213,8 +216,12 @@ class Scenario:
 
     def apply_pinned(self) -> dict[str, Any]:
         f = self.fleet
-        self.say("kubectl apply: ModelDeployment chat (3 replicas, pinned to reference)")
-        f.apply(deployment(pinned="reference"))
+        self.base = dawdling_build(f.store, f.workdir)
+        self.say(
+            f"a dawdling build in the store (the reference, each step computed three times): {self.base}"
+        )
+        self.say("kubectl apply: ModelDeployment chat (3 replicas, pinned to the dawdling build)")
+        f.apply(deployment(pinned=self.base))
         stable = self.wait(
             "3 ready stable replicas",
             lambda: (f.deployment(MD) or {}).get("status", {}).get("readyReplicas") == 3,

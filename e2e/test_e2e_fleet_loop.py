@@ -111,7 +111,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     # 1. Pinned: drift is measured, nothing compiles, nothing rolls out.
     pinned = story.apply_pinned()
     assert pinned["status"]["drift"]["score"] == 1.0
-    assert pinned["status"]["activeBuild"]["id"] == "reference"
+    assert pinned["status"]["activeBuild"]["id"] == story.base
     assert pinned["compilejobs"] == [] and pinned["canary"] is None
     assert "DriftDetected" not in reasons(pinned["events"])
     stable = fleet.deployment(MD)
@@ -124,7 +124,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     cj = compiled["compilejob"]
     st = cj["status"]
     assert st["phase"] == "Succeeded", st
-    assert cj["metadata"]["ownerReferences"][0]["name"] == MD and cj["spec"]["baseBuild"] == "reference"
+    assert cj["metadata"]["ownerReferences"][0]["name"] == MD and cj["spec"]["baseBuild"] == story.base
     profile = cj["spec"]["workload"]["profile"]
     prompts = dict(zip(profile["inputTokens"]["bounds"], profile["inputTokens"]["counts"], strict=True))
     short = sum(count for bound, count in prompts.items() if bound <= 64)
@@ -147,9 +147,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     status = promoted["status"]
     assert status["activeBuild"]["id"] == best["build"]
     assert status["activeBuild"]["profile"] == profile
-    assert (
-        status["history"][-1]["outcome"] == "Promoted" and status["history"][-1]["fromBuild"] == "reference"
-    )
+    assert status["history"][-1]["outcome"] == "Promoted" and status["history"][-1]["fromBuild"] == story.base
     stable = promoted["stable"]
     assert stable["spec"]["replicas"] == 3 and stable["status"]["readyReplicas"] == 3
     assert stable["spec"]["template"]["metadata"]["annotations"]["polymorph.dev/build-id"] == best["build"]
@@ -165,7 +163,7 @@ def _run(fleet: Fleet, story: Scenario) -> None:
     passed = messages(events, "AnalysisPassed")
     ratio = float(re.search(r"throughput ([0-9.]+)", passed[0]).group(1))  # type: ignore[union-attr]
     assert ratio >= 0.9 and "(min 0.9): Pass" in passed[0], passed[0]
-    assert messages(events, "Promoted") == [f"{best['build']} now serves all 3 replicas (was reference)"]
+    assert messages(events, "Promoted") == [f"{best['build']} now serves all 3 replicas (was {story.base})"]
 
     # 4. Back to shape A: drift against the promoted build's profile; the cooldown holds the next job.
     back = story.drift_back()
