@@ -86,6 +86,13 @@ class BenchSettings:
     (None: 2 s on a CPU, 10 s on an accelerator).
     ``max_repeats == repeats`` gives a fixed number of passes.
 
+    ``clock``: what times a pass. ``auto`` is the worker process's CPU time on a CPU device and
+    wall time (every step ends with a device sync) on an accelerator. On a shared CPU, wall time
+    charges a build for other tenants' time slices: under a load of 4 on 2 cores, wall-clock
+    pair ratios of two fixed builds spread over 0.65-1.80 (p10-p90), CPU-time ratios over
+    0.94-1.28. CPU time counts every thread of the process, so parallelism cannot fake a win; a
+    candidate that waits instead of computing is judged by wall time (``measure.waits_more``).
+
     ``cache_slots`` and ``cache_len``: the shape every KV cache of the benchmark is allocated at,
     the one the build will serve at (a deployment's engine ``--max-batch`` and its
     ``model.maxSeqLen``); never less than the workload's concurrency and longest request, which
