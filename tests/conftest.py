@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,20 @@ from polymorph.contract.store import LocalStore, S3Store, Store
 _ENVIRON_AT_START: dict[str, str] = {}
 
 
+def _restore_ctrl_c() -> None:
+    """Give SIGINT back its Python handler where the suite was started ignoring it.
+
+    A shell without job control starts a background command (``make test &``, ``nohup``) with
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler. The Ctrl-C tests
+    (the supervisor's, the campaign CLI's) would fail for the launch, not the code. A handled
+    signal is reset to its default at exec, so the processes the tests start get Ctrl-C too.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _restore_ctrl_c()
     _ENVIRON_AT_START.update(os.environ)
 
 
