@@ -121,3 +121,18 @@ def test_events_from_a_busy_engine_thread_all_arrive_in_order(eager: bool) -> No
     got = asyncio.run(main())
     assert [e.token for e in got[:-1] if isinstance(e, Token)] == list(range(5000))
     assert isinstance(got[-1], Finished)
+
+
+def test_a_stale_wake_up_does_not_end_the_wait_early() -> None:
+    """A wake-up scheduled for an event that was read without waiting finds nothing when it runs;
+    the reader keeps waiting for the next event, within its timeout, rather than returning None."""
+
+    async def main() -> Event | None:
+        loop = asyncio.get_running_loop()
+        inbox = _Inbox(loop, eager=True)
+        inbox.put(Token(0, 0.0))  # schedules a wake-up, which has not run yet
+        assert await inbox.get(timeout=5.0) == Token(0, 0.0)  # read without waiting
+        loop.call_later(0.05, inbox.put, Token(1, 1.0))  # the next event comes after the stale wake-up
+        return await inbox.get(timeout=5.0)
+
+    assert asyncio.run(main()) == Token(1, 1.0)

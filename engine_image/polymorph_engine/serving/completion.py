@@ -70,12 +70,19 @@ class _Inbox:
         self._ready.set()
 
     async def get(self, timeout: float) -> Event | None:
-        if not self._items:
-            self._ready.clear()  # a wake-up left from events already read
-            if not self._items:  # none put since the first look: wait for the next wake-up
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ready.wait(), timeout=timeout)
-        return self._items.popleft() if self._items else None
+        # A wake-up can be stale: scheduled for an event that an earlier ``get`` already read
+        # without waiting. It then finds nothing, and the wait goes on until ``timeout`` is spent.
+        deadline = time.monotonic() + timeout
+        while not self._items:
+            self._ready.clear()
+            if self._items:  # put since the first look
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout=remaining)
+        return self._items.popleft()
 
 
 class Completion:
