@@ -74,9 +74,10 @@ def _attach(parser: argparse.ArgumentParser, name: str, module_name: str) -> Non
     parser.set_defaults(_module=module)
 
 
-def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+def build_parser(selected: str | None = None, role: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; only the ``selected`` command's modules are imported (all when None),
-    so ``polymorph validate`` never pays for the engine's torch import."""
+    and of a command with roles only the ``role``'s, so ``polymorph validate`` and
+    ``polymorph sandbox agent`` never pay for the engine's torch import."""
     parser = Parser(prog="polymorph", description="Continual compilation for LLM inference fleets.")
     parser.add_argument("--version", action="version", version=f"polymorph {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -91,10 +92,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
             continue
         group = subparsers.add_parser(name, help=help_text, description=help_text)
         roles = group.add_subparsers(dest="role", metavar="ROLE", required=True, parser_class=Parser)
-        for role, (module_name, role_help) in target.items():
-            _attach(
-                roles.add_parser(role, help=role_help, description=role_help), f"{name} {role}", module_name
-            )
+        for role_name, (module_name, role_help) in target.items():
+            sub = roles.add_parser(role_name, help=role_help, description=role_help)
+            if selected is None or role_name == role:
+                _attach(sub, f"{name} {role_name}", module_name)
     return parser
 
 
@@ -149,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    selected = next((a for a in argv if not a.startswith("-")), "")
-    parser = build_parser(selected)
+    words = [a for a in argv if not a.startswith("-")]  # the command, then its role if it has roles
+    parser = build_parser(words[0] if words else "", words[1] if len(words) > 1 else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a bad flag: Parser.error printed its one line

@@ -46,11 +46,6 @@ from polymorph.contract.inputs import duration, integer, number, read_text, show
 from polymorph.contract.store import Store, build_id, check_writable, open_store
 from polymorph.contract.validate import format_validation_error
 
-# The one module of ``polymorph`` that imports the engine: it wires a local, supervised engine
-# worker into ``polymorph compile`` (an import-linter contract names this exception).
-from polymorph_engine.experiment.run import BenchSettings
-from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
-
 __all__ = ["configure", "run"]
 
 
@@ -269,6 +264,12 @@ def run(args: argparse.Namespace) -> int:
         display = Display(
             total=checked.budget.maxExperiments, objective=checked.objective, json_mode=args.json
         )
+        # The one module of ``polymorph`` that imports the engine (an import-linter contract names
+        # this exception): it wires a local, supervised engine worker into ``polymorph compile``.
+        # Imported here, once every input was checked, so a bad flag is answered without torch.
+        from polymorph_engine.experiment.run import BenchSettings
+        from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
+
         supervisor = Supervisor(
             args.model,
             device=args.device,

@@ -26,6 +26,7 @@ operator can read knob spaces. Importing and loading a build is the engine's bus
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import shutil
@@ -113,6 +114,13 @@ def _is_knob_value(v: object) -> bool:
     return isinstance(v, str | bool | int | float)
 
 
+@functools.lru_cache(maxsize=64)
+def _parse_toml(text: str) -> dict[str, object]:
+    """``tomllib.loads``, once per distinct text: a campaign reads the same few build.toml files
+    for every experiment. Callers only read the document (``_read_knob`` copies what it keeps)."""
+    return tomllib.loads(text)
+
+
 def read_build(dir: Path) -> BuildDeclaration:
     """Parse and validate ``<dir>/build.toml``."""
     dir = Path(dir)
@@ -121,7 +129,7 @@ def read_build(dir: Path) -> BuildDeclaration:
     if not toml_path.is_file():
         raise BuildError(f"{where} does not exist; a build directory needs a build.toml.")
     try:
-        doc = tomllib.loads(toml_path.read_text())
+        doc = _parse_toml(toml_path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise BuildError(f"{where} is not valid TOML: {e}.") from None
     except UnicodeDecodeError:
