@@ -76,7 +76,7 @@ def _attach(parser: argparse.ArgumentParser, name: str, module_name: str) -> Non
 
 def build_parser(selected: str | None = None, role: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; only the ``selected`` command's modules are imported (all when None),
-    and of a command with roles only the ``role``'s, so ``polymorph validate`` and
+    and of a command with roles only the ``role``'s (all when None), so ``polymorph validate`` and
     ``polymorph sandbox agent`` never pay for the engine's torch import."""
     parser = Parser(prog="polymorph", description="Continual compilation for LLM inference fleets.")
     parser.add_argument("--version", action="version", version=f"polymorph {_version()}")
@@ -94,7 +94,7 @@ def build_parser(selected: str | None = None, role: str | None = None) -> argpar
         roles = group.add_subparsers(dest="role", metavar="ROLE", required=True, parser_class=Parser)
         for role_name, (module_name, role_help) in target.items():
             sub = roles.add_parser(role_name, help=role_help, description=role_help)
-            if selected is None or role_name == role:
+            if role is None or role_name == role:
                 _attach(sub, f"{name} {role_name}", module_name)
     return parser
 
