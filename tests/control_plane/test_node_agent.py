@@ -42,6 +42,7 @@ def node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     agent = NodeAgent(control_plane.node_kubeconfig(name), name, tmp_path_factory.mktemp("node")).start()
     yield agent
     agent.close()
+    control_plane.remove_node(name)
 
 
 @pytest.fixture

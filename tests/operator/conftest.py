@@ -111,6 +111,7 @@ def real_kubelet(
                       stand_in=_stand_in(sandboxes_done)).start()  # fmt: skip
     yield agent
     agent.close()
+    real_cluster[0].remove_node("node-1")
 
 
 @pytest.fixture

@@ -431,6 +431,24 @@ class ControlPlane:
             self.workdir / f"node-{node}.kubeconfig", self.url, self.ca_pem, cert=cert, key=key, user=identity
         )
 
+    def remove_node(self, node: str) -> None:
+        """Delete ``node`` and the pods still bound to it, as the admin: what removing a dead node
+        does on a cluster (the pod garbage collector, disabled here, deletes its orphans). A kubelet
+        may not delete its own Node, so a stopped node agent leaves it behind, looking Ready until
+        its Lease runs out: a later test's pods would be bound to it and never run, nor go."""
+        with self.api() as api:
+            gone = api.delete(f"/api/v1/nodes/{node}")
+            if gone.status_code not in (200, 404):
+                raise RuntimeError(f"node {node} could not be deleted: {gone.status_code} {gone.text[:300]}")
+            bound = api.get("/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"})
+            bound.raise_for_status()
+            for pod in bound.json()["items"]:
+                meta = pod["metadata"]
+                api.delete(
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                    params={"gracePeriodSeconds": 0},
+                )
+
     def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ("system:masters",)) -> Path:
         """A kubeconfig as ``user`` in ``groups`` (a client certificate): by default an admin of its
         own name, so that ``audit(user)`` holds that one client's requests and no one else's."""

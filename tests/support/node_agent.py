@@ -39,7 +39,6 @@ It knows nothing about Polymorph's resources.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
 import signal
@@ -415,7 +414,9 @@ class NodeAgent:
                 f"node {self.name} could not register: {response.status_code} {response.text[:300]}"
             )
 
-    def close(self, *, delete_node: bool = True) -> None:
+    def close(self) -> None:
+        """Stop the agent and its pods. The Node stays registered, as a kubelet cannot delete it:
+        ``ControlPlane.remove_node`` removes it, and the pods still bound to it."""
         self._stop.set()
         self._changed.set()
         self._thread.join(timeout=15)
@@ -427,9 +428,6 @@ class NodeAgent:
         for pod in pods:
             pod.join()
             self._unscrape(pod)
-        if delete_node:
-            with contextlib.suppress(httpx.HTTPError):
-                self.http.delete(f"/api/v1/nodes/{self.name}")
         self.http.close()
         self._tls.cleanup()
 
