@@ -42,9 +42,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from polymorph import __version__
 from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
@@ -57,8 +55,9 @@ from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build,
 from polymorph.contract.errors import BuildError
 from polymorph.contract.store import open_store
 from polymorph.contract.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
-from polymorph_engine.experiment.run import BenchSettings
-from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
+
+if TYPE_CHECKING:
+    from polymorph_engine.experiment.supervisor import Supervisor
 
 COMPILE_VALUES = {("decode_capture", "compile"), ("kernels", "compile")}
 """Knob values whose prepare time is torch.compile's (excluded from the adjusted rate)."""
@@ -346,6 +345,12 @@ def main() -> int:
         workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
     gates = Gates(minSpeedup=args.min_speedup)
     threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
+    # The engine (and torch) load only once every flag is known good: a bad one is answered at once.
+    import torch
+
+    from polymorph_engine.experiment.run import BenchSettings
+    from polymorph_engine.experiment.supervisor import Supervisor
+
     supervisor = Supervisor(
         args.model,
         device=args.device,
@@ -462,5 +467,9 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
-    except WorkerStartError as exc:  # a bad --model, --device or --dtype: the worker says which
-        raise SystemExit(str(exc)) from None
+    except Exception as exc:  # the engine is imported only once the flags are checked (main)
+        from polymorph_engine.experiment.supervisor import WorkerStartError
+
+        if isinstance(exc, WorkerStartError):  # a bad --model, --device or --dtype: the worker says which
+            raise SystemExit(str(exc)) from None
+        raise

@@ -14,9 +14,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,42 @@ def _restore_ctrl_c() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _restore_ctrl_c()
     _ENVIRON_AT_START.update(os.environ)
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds each test file took (setup, call and teardown of all its tests) in a full run on two
+cores. The files run longest first, so that pytest-xdist (``--dist loadfile
+--no-loadscope-reorder``) starts the long ones, the operator's waits among them, while short
+ones fill the other worker, instead of leaving them for last on one worker. ``pytest
+--store-durations tests`` records them again; a file missing from it runs after the recorded ones."""
+
+_seconds_by_file: Counter[str] = Counter()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"record how long each test file took in {DURATIONS.name}, which orders the files (default: off)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    # A stable sort: the tests of a file keep their order.
+    items.sort(key=lambda item: -recorded.get(item.nodeid.split("::")[0], 0.0))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds_by_file[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
+        return  # only the controller (or a run without xdist) has every file's reports
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    recorded.update({name: round(seconds, 1) for name, seconds in _seconds_by_file.items()})
+    DURATIONS.write_text(json.dumps(dict(sorted(recorded.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
