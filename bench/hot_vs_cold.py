@@ -143,7 +143,7 @@ def _load_workload(path: Path) -> Any:
 def _fixed_settings(args: argparse.Namespace) -> Any:
     """The fixed protocol (exactly --warmup and --repeats passes, wall clock) for hot and cold alike,
     not the adaptive one, so that both sides do the same work."""
-    from polymorph_engine.experiment.run import BenchSettings
+    from polymorph_engine.experiment.settings import BenchSettings
 
     return BenchSettings(
         repeats=args.repeats,

@@ -348,7 +348,7 @@ def main() -> int:
     # The engine (and torch) load only once every flag is known good: a bad one is answered at once.
     import torch
 
-    from polymorph_engine.experiment.run import BenchSettings
+    from polymorph_engine.experiment.settings import BenchSettings
     from polymorph_engine.experiment.supervisor import Supervisor
 
     supervisor = Supervisor(

@@ -13,7 +13,7 @@ from engine_support.builds import sensitive_model
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.workload import RequestShape, Workload
 from polymorph_engine.experiment.bench import ReusedCache, benchmark, make_prompts, percentile, replay
-from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.runtime.model import LoadedModel

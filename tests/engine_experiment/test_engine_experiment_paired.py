@@ -20,7 +20,8 @@ from polymorph.contract.api import Gates, Objective
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.store import build_id
 from polymorph.contract.workload import DEFAULT_WORKLOAD, workload_from_profile
-from polymorph_engine.experiment.run import BenchSettings, InProcessRunner, fit_for_device
+from polymorph_engine.experiment.run import InProcessRunner, fit_for_device
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.verify import default_prompts, golden
 from polymorph_engine.runtime.hotreload import Engine
 

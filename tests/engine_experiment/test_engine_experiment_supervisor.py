@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import pytest
 from engine_support.builds import CRASHES, MODEL, wrapping_build
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.store import build_id
-from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 
 TIMEOUT_S = 6.0
@@ -124,3 +126,16 @@ def test_a_ctrl_c_while_the_worker_spawns_stops_the_parent(tmp_path: Path) -> No
         supervisor._ctx.Process = base  # type: ignore[attr-defined,misc]
         supervisor.close()
     assert not supervisor.alive
+
+
+def test_the_parent_never_imports_torch() -> None:
+    # Only the worker loads the engine: `polymorph compile` starts a campaign without paying for
+    # torch twice (its worker imports it anyway), and a parent that supervises stays light.
+    check = (
+        "import sys; import polymorph.compile.cli, polymorph.compile.campaign;"
+        "import polymorph_engine.experiment.settings, polymorph_engine.experiment.supervisor;"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

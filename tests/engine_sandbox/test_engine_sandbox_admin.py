@@ -23,7 +23,7 @@ from polymorph.contract.errors import UsageError
 from polymorph.contract.runner import RemoteRunner
 from polymorph.contract.store import archive_build, build_id
 from polymorph.contract.workload import RequestShape, Workload
-from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor
 from polymorph_engine.sandbox.admin import serve_admin
 from polymorph_engine.serving.server import EngineServer

@@ -30,7 +30,7 @@ from polymorph.contract.builds import knob_variant, read_build, resolve_build_ar
 from polymorph.contract.errors import BuildError, UsageError
 from polymorph.contract.inputs import integer
 from polymorph.contract.store import open_store
-from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, SupervisorStats, WorkerStartError
 from polymorph_engine.runtime.config import SHAPES, parse_dtype
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +57,7 @@ from polymorph_engine.experiment.measure import (
     waits_more,
 )
 from polymorph_engine.experiment.pairing import BaselineSlot
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.verify import Golden, verify
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.hotreload import Engine, build_id_of
@@ -65,85 +65,42 @@ from polymorph_engine.runtime.model import LoadedModel
 
 __all__ = [
     "DEVICE_SCALE",
-    "BenchSettings",
     "InProcessRunner",
     "describe_error",
     "fit_for_device",
+    "measure_policy",
     "record_paired",
     "run_experiment",
+    "timed_by_cpu",
     "vocab_size_of",
 ]
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    """How each experiment benchmarks (see ``measure``): warm-up, repeats, the CI target and the prompt seed.
+def timed_by_cpu(settings: BenchSettings, device: torch.device | str) -> bool:
+    """Whether passes are timed by the process's CPU time (``settings.clock``: auto = on CPU devices)."""
+    if settings.clock == "auto":
+        return torch.device(device).type == "cpu"
+    return settings.clock == "cpu"
 
-    ``repeats`` and ``warmup`` are minimums: warm-up continues until two passes agree within
-    ``warmup_tolerance`` (at most ``max_warmup`` passes), and measuring until the CI half-width
-    reaches ``target_half_width`` (None: 2% on an accelerator, 4% on a CPU), at most
-    ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring
-    (None: 2 s on a CPU, 10 s on an accelerator).
-    ``max_repeats == repeats`` gives a fixed number of passes.
 
-    ``clock``: what times a pass. ``auto`` is the worker process's CPU time on a CPU device and
-    wall time (every step ends with a device sync) on an accelerator. On a shared CPU, wall time
-    charges a build for other tenants' time slices: under a load of 4 on 2 cores, wall-clock
-    pair ratios of two fixed builds spread over 0.65-1.80 (p10-p90), CPU-time ratios over
-    0.94-1.28. CPU time counts every thread of the process, so parallelism cannot fake a win; a
-    candidate that waits instead of computing is judged by wall time (``measure.waits_more``).
-
-    ``cache_slots`` and ``cache_len``: the shape every KV cache of the benchmark is allocated at,
-    the one the build will serve at (a deployment's engine ``--max-batch`` and its
-    ``model.maxSeqLen``); never less than the workload's concurrency and longest request, which
-    None gives. A build whose step costs by its cache's shape is measured as it will serve: one
-    that attends a static cache under a mask pays for its length, and one that pads every decode
-    to the cache's batch (``capture_buckets = max``) pays for its slots. (A build measured
-    1.19x [1.07, 1.33] at one slot decoded at 0.83-1.06x of the stable build when served with two.)
-    """
-
-    repeats: int = 5
-    warmup: int = 1
-    seed: int = 0
-    target_half_width: float | None = None
-    max_repeats: int = 40
-    time_cap_s: float | None = None
-    max_warmup: int = 6
-    warmup_tolerance: float = 0.05
-    clock: Literal["auto", "wall", "cpu"] = "auto"
-    cache_slots: int | None = None
-    cache_len: int | None = None
-
-    def cache_shape(self, workload: Workload) -> tuple[int, int]:
-        """(slots, sequence length) of every cache a benchmark of ``workload`` allocates."""
-        return (
-            max(self.cache_slots or 0, workload.concurrency),
-            max(self.cache_len or 0, workload.max_tokens),
-        )
-
-    def cpu_clock(self, device: torch.device | str) -> bool:
-        """Whether passes are timed by the process's CPU time (``clock``: auto = on CPU devices)."""
-        if self.clock == "auto":
-            return torch.device(device).type == "cpu"
-        return self.clock == "cpu"
-
-    def policy(self, device: torch.device | str) -> MeasurePolicy:
-        """The measurement policy for ``device`` (the default target depends on its type)."""
-        target = self.target_half_width
-        if target is None:
-            target = CPU_TARGET if torch.device(device).type == "cpu" else GPU_TARGET
-        cap = self.time_cap_s
-        if cap is None:
-            cap = CPU_TIME_CAP if torch.device(device).type == "cpu" else GPU_TIME_CAP
-        return MeasurePolicy(
-            min_passes=self.repeats,
-            max_passes=max(self.repeats, self.max_repeats),
-            target_half_width=target,
-            time_cap_s=cap,
-            min_warmup=self.warmup,
-            max_warmup=max(self.warmup, self.max_warmup),
-            warmup_tolerance=self.warmup_tolerance,
-        )
+def measure_policy(settings: BenchSettings, device: torch.device | str) -> MeasurePolicy:
+    """The measurement policy of ``settings`` for ``device`` (the default target depends on its type)."""
+    cpu = torch.device(device).type == "cpu"
+    target = settings.target_half_width
+    if target is None:
+        target = CPU_TARGET if cpu else GPU_TARGET
+    cap = settings.time_cap_s
+    if cap is None:
+        cap = CPU_TIME_CAP if cpu else GPU_TIME_CAP
+    return MeasurePolicy(
+        min_passes=settings.repeats,
+        max_passes=max(settings.repeats, settings.max_repeats),
+        target_half_width=target,
+        time_cap_s=cap,
+        min_warmup=settings.warmup,
+        max_warmup=max(settings.warmup, settings.max_warmup),
+        warmup_tolerance=settings.warmup_tolerance,
+    )
 
 
 DEVICE_SCALE: dict[str, dict[str, int]] = {
@@ -293,11 +250,11 @@ def _benchmark(
     """
     device = model.device
     prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
-    policy = settings.policy(device)
+    policy = measure_policy(settings, device)
     if screen:
         policy = policy.screening()
 
-    cpu = settings.cpu_clock(device)
+    cpu = timed_by_cpu(settings, device)
     clock = time.process_time if cpu else time.perf_counter
     shape = settings.cache_shape(workload)
 

@@ -21,14 +21,14 @@ so a chatty build cannot corrupt a caller's ``--json`` output.
 (spawn, imports, weights, golden: the cold cost) next to each experiment's seconds.
 Use as a context manager, or call ``close()``. One thread drives a Supervisor.
 
-It knows nothing about agents, stores or the CLI, and never imports a build in the parent.
+It knows nothing about agents, stores or the CLI. The parent never imports a build, nor torch:
+the child's code is ``worker`` (the engine), imported in the child alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import os
 import signal
 import threading
 import time
@@ -40,18 +40,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import torch
-
 from polymorph.contract.api import ExperimentRecord, Gates, WorkloadProfile
-from polymorph.contract.api.build import Timings, Verification
+from polymorph.contract.api.build import Timings
 from polymorph.contract.builds import read_build
-from polymorph.contract.errors import UsageError
+from polymorph.contract.store import build_id
 from polymorph.contract.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
-from polymorph_engine.experiment.pairing import BaselineSlot
-from polymorph_engine.experiment.run import BenchSettings, fit_for_device, run_experiment, vocab_size_of
-from polymorph_engine.experiment.verify import default_prompts, golden
-from polymorph_engine.runtime.checkpoint import load_model
-from polymorph_engine.runtime.hotreload import Engine, build_id_of
+from polymorph_engine.experiment.settings import BenchSettings
 
 __all__ = ["Supervisor", "SupervisorStats", "WorkerStartError"]
 
@@ -88,7 +82,9 @@ class SupervisorStats:
 
 
 @dataclass(frozen=True)
-class _WorkerConfig:
+class WorkerConfig:
+    """What the parent sends its worker at spawn (pickled): the model, workload, gates and settings."""
+
     model_source: str
     device: str
     dtype: str
@@ -102,8 +98,8 @@ class _WorkerConfig:
     threads: int | None
 
 
-def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
-    """The child's entry point: ``_worker_loop``, quiet on Ctrl-C and when the parent goes away.
+def _worker_main(conn: Connection, config: WorkerConfig) -> None:
+    """The child's entry point: ``worker.worker_loop``, quiet on Ctrl-C and when the parent goes away.
 
     SIGINT reaches the whole terminal process group; it is the parent's to act on (it stops this
     worker), so the child ignores it. It started with SIGINT blocked (``_sigint_deferred``), so a
@@ -112,8 +108,10 @@ def _worker_main(conn: Connection, config: _WorkerConfig) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    from polymorph_engine.experiment.worker import worker_loop  # the engine, torch with it: the child's only
+
     with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):  # the parent went away
-        _worker_loop(conn, config)
+        worker_loop(conn, config)
 
 
 @contextlib.contextmanager
@@ -138,75 +136,6 @@ def _sigint_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one reaches `previous`
         if noted:
             signal.raise_signal(signal.SIGINT)
-
-
-def compile_cache_dir() -> Path:
-    """Where torch.compile keeps its artifacts across experiments, worker restarts and campaigns:
-    ``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``$POLYMORPH_COMPILE_CACHE``, else
-    ``$XDG_CACHE_HOME/polymorph/inductor`` (``~/.cache``). A candidate whose compilation ran past
-    the experiment timeout keeps what it compiled there, so its retry starts warm."""
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "POLYMORPH_COMPILE_CACHE"):
-        if os.environ.get(name):
-            return Path(os.environ[name])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "polymorph" / "inductor"
-
-
-def _worker_loop(conn: Connection, config: _WorkerConfig) -> None:
-    """The child: load once, then answer ("run", dir, description, against, screen) messages until ("stop",)."""
-    os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
-    try:
-        started = time.perf_counter()
-        cache = compile_cache_dir()
-        with contextlib.suppress(OSError):  # unwritable: inductor falls back to its own temp dir
-            cache.mkdir(parents=True, exist_ok=True)
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
-
-        model = load_model(config.model_source, device=config.device, dtype=config.dtype, seed=config.seed)
-        max_seq_len = model.config.max_position_embeddings
-        workload = (
-            fit_for_device(config.workload, config.device, max_seq_len) if config.fit else config.workload
-        )
-        prompts = default_prompts(vocab_size_of(model), config.verify_prompts)
-        reference = golden(model, prompts, config.verify_steps)
-        engine = Engine(model)
-        slot = BaselineSlot(model)
-        verified: dict[str, Verification] = {}  # this worker's golden outputs: a restart verifies again
-        gates = Gates.model_validate(config.gates)
-        conn.send(("ready", time.perf_counter() - started))
-    except UsageError as exc:  # a bad model source, device or dtype: already one sentence
-        conn.send(("error", str(exc)))
-        return
-    except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return  # the parent went away
-        if message[0] != "run":
-            slot.close()
-            engine.close()
-            return
-        _, build_dir, description, against, screen = message
-        record = run_experiment(
-            engine,
-            build_dir,
-            workload,
-            gates,
-            reference,
-            description=description,
-            settings=config.settings,
-            against=against,
-            slot=slot,
-            screen=screen,
-            verified=verified,
-        )
-        conn.send(("record", record.model_dump_json()))
 
 
 def _death_reason(exitcode: int | None) -> str:
@@ -266,7 +195,7 @@ class Supervisor:
         self.gates = gates or Gates()
         self.experiment_timeout = float(experiment_timeout)
         self.start_timeout = start_timeout
-        self._config = _WorkerConfig(
+        self._config = WorkerConfig(
             model_source=str(model_source),
             device=device,
             dtype=dtype,
@@ -419,7 +348,7 @@ class Supervisor:
             timings=Timings(totalS=elapsed),
         )
         try:
-            record.build = build_id_of(build_dir)
+            record.build = str(build_id(build_dir))
             spec = read_build(build_dir)
             record.name = str(spec.name)
             record.parent = None if spec.parent is None else str(spec.parent)

@@ -33,7 +33,7 @@ from polymorph.contract.workload import (
     load_workload,
     workload_from_profile,
 )
-from polymorph_engine.experiment.run import BenchSettings
+from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 from polymorph_engine.sandbox.admin import serve_admin
 

@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         # The one module of ``polymorph`` that imports the engine (an import-linter contract names
         # this exception): it wires a local, supervised engine worker into ``polymorph compile``.
         # Imported here, once every input was checked, so a bad flag is answered without torch.
-        from polymorph_engine.experiment.run import BenchSettings
+        from polymorph_engine.experiment.settings import BenchSettings
         from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 
         supervisor = Supervisor(

@@ -1,0 +1,101 @@
+"""The supervised worker: the child process a ``supervisor.Supervisor`` spawns.
+
+It imports the engine (torch with it), loads the model once, computes the golden outputs, and
+then answers ("run", dir, description, against, screen) messages with one experiment each
+(``run.run_experiment`` in a hot ``Engine``, the baseline held in a ``pairing.BaselineSlot``)
+until ("stop",). Only the child imports this module: the parent stays free of torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from polymorph.contract.api import Gates
+from polymorph.contract.api.build import Verification
+from polymorph.contract.errors import UsageError
+from polymorph_engine.experiment.pairing import BaselineSlot
+from polymorph_engine.experiment.run import fit_for_device, run_experiment, vocab_size_of
+from polymorph_engine.experiment.verify import default_prompts, golden
+from polymorph_engine.runtime.checkpoint import load_model
+from polymorph_engine.runtime.hotreload import Engine
+
+if TYPE_CHECKING:
+    from polymorph_engine.experiment.supervisor import WorkerConfig
+
+__all__ = ["compile_cache_dir", "worker_loop"]
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps its artifacts across experiments, worker restarts and campaigns:
+    ``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``$POLYMORPH_COMPILE_CACHE``, else
+    ``$XDG_CACHE_HOME/polymorph/inductor`` (``~/.cache``). A candidate whose compilation ran past
+    the experiment timeout keeps what it compiled there, so its retry starts warm."""
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "POLYMORPH_COMPILE_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "polymorph" / "inductor"
+
+
+def worker_loop(conn: Connection, config: WorkerConfig) -> None:
+    """The child: load once, then answer ("run", dir, description, against, screen) messages until ("stop",)."""
+    os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
+    try:
+        started = time.perf_counter()
+        cache = compile_cache_dir()
+        with contextlib.suppress(OSError):  # unwritable: inductor falls back to its own temp dir
+            cache.mkdir(parents=True, exist_ok=True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+
+        model = load_model(config.model_source, device=config.device, dtype=config.dtype, seed=config.seed)
+        max_seq_len = model.config.max_position_embeddings
+        workload = (
+            fit_for_device(config.workload, config.device, max_seq_len) if config.fit else config.workload
+        )
+        prompts = default_prompts(vocab_size_of(model), config.verify_prompts)
+        reference = golden(model, prompts, config.verify_steps)
+        engine = Engine(model)
+        slot = BaselineSlot(model)
+        verified: dict[str, Verification] = {}  # this worker's golden outputs: a restart verifies again
+        gates = Gates.model_validate(config.gates)
+        conn.send(("ready", time.perf_counter() - started))
+    except UsageError as exc:  # a bad model source, device or dtype: already one sentence
+        conn.send(("error", str(exc)))
+        return
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent went away
+        if message[0] != "run":
+            slot.close()
+            engine.close()
+            return
+        _, build_dir, description, against, screen = message
+        record = run_experiment(
+            engine,
+            build_dir,
+            workload,
+            gates,
+            reference,
+            description=description,
+            settings=config.settings,
+            against=against,
+            slot=slot,
+            screen=screen,
+            verified=verified,
+        )
+        conn.send(("record", record.model_dump_json()))
