@@ -48,8 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 DURATIONS = Path(__file__).with_name("durations.json")
-"""Seconds each test file took (setup, call and teardown of all its tests) in a full run on two
-cores. The files run longest first, so that pytest-xdist (``--dist loadfile
+"""Seconds each test file took (setup, call and teardown of all its tests) in a full run of
+``make test``. The files run longest first, so that pytest-xdist (``--dist loadfile
 --no-loadscope-reorder``) starts the long ones, the operator's waits among them, while short
 ones fill the other worker, instead of leaving them for last on one worker. ``pytest
 --store-durations tests`` records them again; a file missing from it runs after the recorded ones."""
@@ -65,8 +65,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _recorded() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    recorded = _recorded()
     # A stable sort: the tests of a file keep their order.
     items.sort(key=lambda item: -recorded.get(item.nodeid.split("::")[0], 0.0))
 
@@ -78,7 +82,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
         return  # only the controller (or a run without xdist) has every file's reports
-    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    recorded = _recorded()
     recorded.update({name: round(seconds, 1) for name, seconds in _seconds_by_file.items()})
     DURATIONS.write_text(json.dumps(dict(sorted(recorded.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
