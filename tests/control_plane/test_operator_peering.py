@@ -93,6 +93,14 @@ def test_two_replicas_one_acts_and_the_standby_takes_over(
     username = f"system:serviceaccount:{home}:{account}"
     config = control_plane.kubeconfig_with_token(tmp_path / "operator.kubeconfig", token, user=username)
     (tmp_path / "store").mkdir()
+    # helm applies the chart's CRDs again, and the API server then rebuilds their storage for a
+    # few seconds, answering lists with 429 "storage is (re)initializing". A replica whose first
+    # list is retried through that window can finish it after it paused for its peer, and act
+    # once on what it lists (seen under load): so the replicas start once the resources are served.
+    for resource in ("modeldeployments", "compilejobs"):
+        wait_for(
+            f"{resource} served", lambda r=resource: kubectl("get", r, "-A", check=False).returncode == 0
+        )
     replicas = {
         pod: OperatorProcess(
             config, prometheus.url, tmp_path / "store", tmp_path / f"operator-{pod}.log",
