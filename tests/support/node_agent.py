@@ -488,11 +488,18 @@ class NodeAgent:
             pod.reported = status
 
     def _delete(self, pod: NodePod, meta: dict[str, Any]) -> None:
-        """Stop the processes within the grace period, then remove the pod object."""
+        """Stop the processes within the grace period, then remove the pod object. Once they are
+        stopped the pod is no longer this agent's: a confirmation the API did not take (a dropped
+        connection) is made again by the next sync, which confirms any deleted pod it does not run."""
         pod.stop()
         pod.join()
         self._unscrape(pod)
-        self._confirm_deletion(meta)
+        with self._lock:
+            self._pods.pop(pod.uid, None)
+        try:
+            self._confirm_deletion(meta)
+        except httpx.TransportError as exc:
+            self.errors.append(f"delete pod {meta['name']}: {type(exc).__name__}: {exc}")
 
     def _confirm_deletion(self, meta: dict[str, Any]) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
