@@ -47,7 +47,7 @@ SHAPE_A = Shape(
 SHAPE_B = Shape(
     "B (short prompts, long generations)", prompt=(16, 48), output=(128, 192), concurrency=2, think_s=1.0
 )
-BUDGET = {"maxExperiments": 20, "sandboxes": 1, "deadline": "5m", "experimentTimeout": "2m"}
+BUDGET = {"maxExperiments": 8, "sandboxes": 1, "deadline": "5m", "experimentTimeout": "2m"}
 WINDOW_S = 15
 GATE = 1.01
 """minSpeedup: beyond noise, by any margin. Two shared cores make the sandbox's measurements noisy

@@ -97,10 +97,12 @@ def test_slower_canary_rolls_back(
     assert st["rollout"]["target"] == "RolledBack" and "analysis failed 2 times" in st["rollout"]["reason"]
     values = {v["name"]: v for v in st["rollout"]["analysis"]}
     assert values["throughput"]["min"] == 0.98 and values["throughput"]["verdict"] == "Fail"
-    assert values["throughput"]["value"] < 0.6 and values["throughput"]["samples"] == {
-        "canary": 2,
-        "stable": 2,
-    }
+    assert values["throughput"]["value"] < 0.6
+    # At most one sample per serving pod (2 per track). A pod can have none in a run: a rate over
+    # the 2 s interval needs two of the 1 s scrapes inside it, and on a loaded machine a late
+    # scrape leaves one (seen once: stable 1).
+    samples = values["throughput"]["samples"]
+    assert 1 <= samples["canary"] <= 2 and 1 <= samples["stable"] <= 2, samples
     assert len(api.events("RolledBack")) == 1
     time.sleep(2)  # the same candidate is not rolled out again
     assert api.deployment("chat-canary") is None and len(api.events("CanaryStep")) == 1
