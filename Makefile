@@ -46,17 +46,17 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# tests/ on both cores: pytest-xdist runs test files on PYTEST_WORKERS processes (a file's tests
-# stay on one, so module-scoped servers start once), longest first as tests/durations.json has
-# them (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Three workers on
-# two cores: a third of the suite's time is spent waiting on servers (the operator's intervals,
-# Prometheus' scrapes, the control plane), and the third worker computes meanwhile. Then e2e/
-# alone: its live canary analysis compares serving replicas' throughput, which a test running
-# beside it on the same cores would skew. --durations lists the slowest tests.
+# tests/ and e2e/ in one run on both cores: pytest-xdist runs test files on PYTEST_WORKERS
+# processes (a file's tests stay on one, so module-scoped servers start once), longest first as
+# tests/durations.json has them (tests/conftest.py orders them; --no-loadscope-reorder keeps that
+# order). Three workers on two cores: a third of the suite's time is spent waiting on servers (the
+# operator's intervals, Prometheus' scrapes, the control plane), and the third worker computes
+# meanwhile. The e2e fleet loop, the longest file, starts first: its canary analysis compares the
+# canary pods' decode speed with the stable pods' on the same cores, so the tests beside it slow
+# both tracks alike. --durations lists the slowest tests.
 PYTEST_WORKERS ?= 3
 unit: venv prometheus control-plane
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
-	$(BIN)/pytest -q --durations=10 e2e
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests e2e
 
 # The unit and core tests alone (the API and its rules, the operator's pure core, statistics, the
 # store, workloads): under a minute, for the edit-test loop. make test runs everything.

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import yaml
 
 from harness import REPO
 from scenario import narrate
+from support import yamls
 
 
 def event(rv: int, reason: str, kind: str, name: str, message: str) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def test_each_decision_is_told_once(polls: list[list[dict[str, Any]]], told: lis
 
 
 def test_the_build_throughput_column_says_it_is_the_benchmark() -> None:
-    crd = yaml.safe_load((REPO / "crds" / "polymorph.dev_modeldeployments.yaml").read_text())
+    crd = yamls.load((REPO / "crds" / "polymorph.dev_modeldeployments.yaml").read_text())
     columns = {c["name"]: c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert "Tok/s" not in columns
     column = columns["Bench-Tok/s"]

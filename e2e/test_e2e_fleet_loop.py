@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import dashboard
 from charts.chart_rbac import (
@@ -42,6 +41,7 @@ from charts.chart_rbac import (
 )
 from harness import RELEASE, RELEASE_NS, Fleet
 from scenario import MD, Scenario
+from support import yamls
 
 pytestmark = pytest.mark.slow
 BUILD = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -100,7 +100,7 @@ def _rbac_as_used(fleet: Fleet) -> None:
     with the reason."""
     requests = fleet.operator_requests()
     assert requests and forbidden(requests) == []
-    docs = [d for d in yaml.safe_load_all(fleet.helm("get", "manifest", RELEASE, "-n", RELEASE_NS)) if d]
+    docs = [d for d in yamls.load_all(fleet.helm("get", "manifest", RELEASE, "-n", RELEASE_NS)) if d]
     refused, unused = audit(effective_permissions(docs, RELEASE, RELEASE_NS), audited_calls(requests))
     assert refused == [], refused
     assert unused == documented_unexercised(rbac_table()), unused

@@ -14,8 +14,14 @@
 
 from __future__ import annotations
 
-import json
 import os
+
+# As ``polymorph.cli`` does, before numpy loads: the campaigns these tests run in-process (the
+# replays) do tiny matrix products, and OpenBLAS's idle threads spun on both cores (the replay
+# tests took 47 s of CPU for 33 s of wall time on one worker, 29 s with one thread).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import json
 import signal
 import uuid
 from collections import Counter
@@ -52,7 +58,7 @@ DURATIONS = Path(__file__).with_name("durations.json")
 ``make test``. The files run longest first, so that pytest-xdist (``--dist loadfile
 --no-loadscope-reorder``) starts the long ones, the operator's waits among them, while short
 ones fill the other worker, instead of leaving them for last on one worker. ``pytest
---store-durations tests`` records them again; a file missing from it runs after the recorded ones."""
+--store-durations tests e2e`` records them again; a file missing from it runs after the recorded ones."""
 
 _seconds_by_file: Counter[str] = Counter()
 

@@ -149,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    # One OpenBLAS thread, before any command imports numpy: no command multiplies large matrices
+    # (the search agent's have tens of features), and OpenBLAS's idle threads spin on the cores an
+    # engine measures on. An OPENBLAS_NUM_THREADS already set wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     words = [a for a in argv if not a.startswith("-")]  # the command, then its role if it has roles
     parser = build_parser(words[0] if words else "", words[1] if len(words) > 1 else None)

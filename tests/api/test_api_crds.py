@@ -9,12 +9,12 @@ from typing import Any
 
 import jsonschema
 import pytest
-import yaml
 from pydantic import ValidationError
 
 from polymorph import crdgen
 from polymorph.cli import main
 from polymorph.contract.api import CompileJob, ModelDeployment
+from support import yamls
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "crds" / "examples").glob("*.yaml"))
@@ -39,7 +39,7 @@ def test_committed_crds_are_up_to_date(
 
 def test_generation_is_deterministic() -> None:
     assert crdgen.render_all() == crdgen.render_all()
-    docs = list(yaml.safe_load_all(crdgen.render_all()))
+    docs = list(yamls.load_all(crdgen.render_all()))
     assert [d["spec"]["names"]["kind"] for d in docs] == ["ModelDeployment", "CompileJob"]
 
 
@@ -66,7 +66,7 @@ def test_check_reports_each_stale_file_and_output_fixes_it(
 
 def test_print_is_both_crds(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crds"]) == 0
-    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    docs = list(yamls.load_all(capsys.readouterr().out))
     assert [d["metadata"]["name"] for d in docs] == [
         "modeldeployments.polymorph.dev",
         "compilejobs.polymorph.dev",
@@ -150,7 +150,7 @@ def test_schema_carries_validation_and_nullability() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_validate_against_model_and_generated_schema(path: Path) -> None:
-    docs = list(yaml.safe_load_all(path.read_text()))
+    docs = list(yamls.load_all(path.read_text()))
     assert docs
     for doc in docs:
         MODELS[doc["kind"]].model_validate(doc)
@@ -167,7 +167,7 @@ def test_all_four_examples_exist() -> None:
 
 
 def _example(name: str) -> dict[str, Any]:
-    return yaml.safe_load((REPO / "crds" / "examples" / name).read_text())
+    return yamls.load((REPO / "crds" / "examples" / name).read_text())
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from support import yamls
 from support.k8s_binaries import helm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,7 +105,7 @@ def render_text(values: dict[str, Any]) -> str:
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     """The rendered manifests, parsed (empty documents dropped)."""
-    return [d for d in yaml.safe_load_all(render_text(values)) if d]
+    return [d for d in yamls.load_all(render_text(values)) if d]
 
 
 def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

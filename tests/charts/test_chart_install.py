@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from chart_render import CHART, FULLNAME, NAMESPACE, RELEASE, values_file
 
+from support import yamls
 from support.control_plane import ControlPlane
 from support.k8s_binaries import helm
 
@@ -77,7 +77,7 @@ def _crd_names(api: httpx.Client) -> set[str]:
 
 
 def _hook_kinds(run_helm: Helm) -> list[str]:
-    hooks = [d for d in yaml.safe_load_all(run_helm("get", "hooks", RELEASE)) if d]
+    hooks = [d for d in yamls.load_all(run_helm("get", "hooks", RELEASE)) if d]
     return sorted(h["kind"] for h in hooks)
 
 
@@ -129,7 +129,7 @@ def test_install_namespaced_creates_roles_and_peering_hooks_in_each_namespace(
     # Nothing cluster-scoped: with a list of namespaces kopf scans nothing (tests/charts/test_chart_rbac).
     clusterroles = _items(api, "/apis/rbac.authorization.k8s.io/v1/clusterroles")
     assert [r for r in clusterroles if r["metadata"]["name"] == FULLNAME] == []
-    hooks = [d for d in yaml.safe_load_all(run_helm("get", "hooks", RELEASE)) if d]
+    hooks = [d for d in yamls.load_all(run_helm("get", "hooks", RELEASE)) if d]
     assert sorted((h["kind"], h["metadata"]["namespace"]) for h in hooks) == [
         ("KopfPeering", "team-a"),
         ("KopfPeering", "team-b"),

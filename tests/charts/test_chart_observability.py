@@ -18,6 +18,7 @@ from chart_render import CHART, FULLNAME, NAMESPACE, VALUE_SETS, of_kind, one, r
 
 from polymorph.handlers.observability import OperatorMetrics
 from polymorph_engine.serving.metrics import ServerMetrics
+from support import yamls
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 DASHBOARD = CHART / "dashboards" / "polymorph-fleet.json"
@@ -113,7 +114,7 @@ def test_rules_read_only_exported_series_and_pass_promtool_check(tmp_path: Path)
     done = promtool("check", "rules", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 5 rules found" in done.stdout
-    rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
+    rules = yamls.load(path.read_text())["groups"][0]["rules"]
     assert [r["alert"] for r in rules] == [
         "PolymorphRolloutStuck",
         "PolymorphAnalysisNoData",
@@ -353,7 +354,7 @@ def test_every_alert_fires_and_holds_in_promtool_unit_tests(tmp_path: Path) -> N
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
     tested = {t["alertname"] for case in UNIT_TESTS for t in case["alert_rule_test"]}
-    rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
+    rules = yamls.load(path.read_text())["groups"][0]["rules"]
     assert tested == {r["alert"] for r in rules}
     for alert in tested:  # each alert is seen firing and seen quiet
         outcomes = {
@@ -366,7 +367,7 @@ def test_every_alert_fires_and_holds_in_promtool_unit_tests(tmp_path: Path) -> N
 def test_promtool_unit_tests_can_fail(alert: str, tmp_path: Path) -> None:
     """A rule that never fires fails its unit test: the tests above check something."""
     path = rules_file(ON, tmp_path)
-    groups = yaml.safe_load(path.read_text())["groups"]
+    groups = yamls.load(path.read_text())["groups"]
     for rule in groups[0]["rules"]:
         if rule["alert"] == alert:
             rule["expr"] = "vector(1) == 0"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from support import yamls
 from support.control_plane import ControlPlane, ControlPlaneUnavailable
 from support.control_plane_build import VERSION, binaries
 from support.waiting import wait_for
@@ -39,7 +40,7 @@ def test_the_crds_are_established_and_every_example_is_accepted(
     crds: None, kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
     for path in EXAMPLES:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        documents = [d for d in yamls.load_all(path.read_text()) if d]
         for document in documents:
             document["metadata"]["namespace"] = namespace
         (tmp_path / path.name).write_text(yaml.safe_dump_all(documents))

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from charts.chart_rbac import audit, audited_calls, effective_permissions, forbidden, rbac_table
+from support import yamls
 from support.control_plane import ControlPlane
 from support.operator_process import OperatorProcess
 from support.prometheus import PrometheusServer
@@ -160,7 +160,7 @@ def test_two_replicas_one_acts_and_the_standby_takes_over(
     # grants beyond the watched-namespace rows (measured by test_operator_loop) this scenario used.
     requests = control_plane.audit(username)
     assert requests and forbidden(requests) == []
-    docs = [d for d in yaml.safe_load_all(helm("get", "manifest", release, "-n", home)) if d]
+    docs = [d for d in yamls.load_all(helm("get", "manifest", release, "-n", home)) if d]
     refused, unused = audit(effective_permissions(docs, account, home), audited_calls(requests))
     assert refused == [], refused
     watched_rows = {use for row in rbac_table() if row.where == "watched" for use in row.uses()}

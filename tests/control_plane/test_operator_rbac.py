@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from charts.chart_rbac import audit, audited_calls, effective_permissions, forbidden
+from support import yamls
 from support.control_plane import ControlPlane
 from support.operator_process import OperatorProcess
 from support.prometheus import PrometheusServer
@@ -38,7 +38,7 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def manifest(name: str, namespace: str) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
+    doc: dict[str, Any] = yamls.load((EXAMPLES / name).read_text())
     doc["metadata"]["namespace"] = namespace
     return doc
 
@@ -106,7 +106,7 @@ def test_the_operator_is_denied_nothing_under_the_charts_rbac(
     requests = control_plane.audit(username)
     assert requests, f"no audited request of {username}"
     assert forbidden(requests) == []
-    docs = [d for d in yaml.safe_load_all((tmp_path / "manifest.yaml").read_text()) if d]
+    docs = [d for d in yamls.load_all((tmp_path / "manifest.yaml").read_text()) if d]
     refused, _unused = audit(effective_permissions(docs, ACCOUNT, home), audited_calls(requests))
     assert refused == [], refused
     assert "Forbidden" not in (tmp_path / "operator.log").read_text()

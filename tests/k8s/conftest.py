@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
+from support import yamls
 from support.k8s_emulator import EmulatorThread, k8s_emulator
 
 __all__ = ["k8s_emulator"]
@@ -29,7 +29,7 @@ def crds(api: httpx.Client) -> None:
     """The project's CRDs created, and the ``inference`` namespace with them."""
     for path in sorted(CRDS.glob("*.yaml")):
         response = api.post(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=yaml.safe_load(path.read_text())
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=yamls.load(path.read_text())
         )
         assert response.status_code == 201, response.text
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}}

@@ -83,6 +83,18 @@ def live(api: Api) -> dict[str, Any]:
     return md
 
 
+def phase(api: Api) -> str | None:
+    """``status.rollout.phase`` of the live object. The waits poll the API server: each call of the
+    plugin is a process (about 0.5 s of CPU), so the plugin is run once the state is reached."""
+    rollout: dict[str, Any] = (live(api).get("status") or {}).get("rollout") or {}
+    return rollout.get("phase")
+
+
+def reasons(api: Api) -> list[str]:
+    """The reasons of the live object's status conditions."""
+    return [c.get("reason", "") for c in (live(api).get("status") or {}).get("conditions") or []]
+
+
 def verdicts(api: Api) -> tuple[str, str]:
     """(kstatus, Argo CD health) of the live object, from the real tools."""
     obj = json.dumps(live(api))
@@ -147,8 +159,9 @@ def test_plugin_steers_a_manual_rollout(
     )
 
     # Waiting for approval: Reconciling (kstatus InProgress), Suspended in Argo CD.
-    wait_for("the approval wait", lambda: plugin.view()["conditions"] and any(c["reason"] == "WaitingForApproval" for c in plugin.view()["conditions"]), timeout=30)  # fmt: skip
+    wait_for("the approval wait", lambda: "WaitingForApproval" in reasons(api), timeout=30)
     view = plugin.view()
+    assert any(c["reason"] == "WaitingForApproval" for c in view["conditions"]), view["conditions"]
     assert view["kstatus"] == "InProgress" and view["candidateBuild"]["id"] == SLOW
     assert view["rollout"]["phase"] == "Idle" and view["policy"] == "Manual"
     assert verdicts(api) == ("InProgress", "Suspended")
@@ -175,12 +188,14 @@ def test_plugin_steers_a_manual_rollout(
     )
     assert done.stdout.index("annotate") < done.stdout.index("applied")
     assert live(api)["metadata"]["annotations"]["polymorph.dev/approve"] == SLOW
-    wait_for("step 1", lambda: plugin.view()["rollout"]["phase"] == "Progressing", timeout=30)
+    wait_for("step 1", lambda: phase(api) == "Progressing", timeout=30)
+    assert plugin.view()["rollout"]["phase"] in ("Progressing", "Paused")
     wait_for("the step on screen", lambda: "step 1/2" in screen(session) and "weight 25%" in screen(session), timeout=20)  # fmt: skip
 
     # Two failed analyses: Paused (onFailure Pause): Stalled, kstatus Failed, Argo CD Suspended.
-    wait_for("Paused", lambda: plugin.view()["rollout"]["phase"] == "Paused", timeout=60)
+    wait_for("Paused", lambda: phase(api) == "Paused", timeout=60)
     view = plugin.view()
+    assert view["rollout"]["phase"] == "Paused"
     values = {a["name"]: a for a in view["rollout"]["analysis"]}
     assert values["throughput"]["verdict"] == "Fail" and values["throughput"]["min"] == 0.98
     assert view["kstatus"] == "Failed"
@@ -196,12 +211,11 @@ def test_plugin_steers_a_manual_rollout(
     wait_for("Resumed", lambda: api.events("Resumed"), timeout=30)
 
     # abort: back to the stable build; Aborted reads Current / Healthy.
-    wait_for(
-        "in progress", lambda: plugin.view()["rollout"]["phase"] in ("Progressing", "Paused"), timeout=10
-    )
+    wait_for("in progress", lambda: phase(api) in ("Progressing", "Paused"), timeout=10)
     done = plugin("abort", "chat", "-n", NS)
     assert "polymorph.dev/abort=true --overwrite" in done.stdout
-    wait_for("Aborted", lambda: plugin.view()["rollout"]["phase"] == "Aborted", timeout=30)
+    wait_for("Aborted", lambda: phase(api) == "Aborted", timeout=30)
+    assert plugin.view()["rollout"]["phase"] == "Aborted"
     wait_for("Aborted on screen", lambda: "Aborted" in screen(session), timeout=20)
     assert verdicts(api) == ("Current", "Healthy")
     assert plugin("abort", "chat", "-n", NS, ok=False).returncode == 2  # nothing to abort now

@@ -63,6 +63,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from support import yamls
 from support.control_plane_build import VERSION, ControlPlaneUnavailable, binaries
 from support.prometheus import free_port
 
@@ -388,14 +389,14 @@ class ControlPlane:
         collector's first discovery sees them (later CRDs it finds within 30 s)."""
         with self.api() as api:
             for path in self._crds:
-                for document in yaml.safe_load_all(path.read_text()):
+                for document in yamls.load_all(path.read_text()):
                     created = api.post(
                         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=document
                     )
                     if created.status_code != 201:
                         raise ControlPlaneUnavailable(f"{path} was refused: {created.json().get('message')}")
             for path in self._crds:
-                for document in yaml.safe_load_all(path.read_text()):
+                for document in yamls.load_all(path.read_text()):
                     name = document["metadata"]["name"]
                     self._started = time.monotonic()
                     self._wait(f"CRD {name}", lambda n=name: self._established(api, n), timeout=30)

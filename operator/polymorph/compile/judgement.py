@@ -25,7 +25,7 @@ from typing import Protocol
 from polymorph.compile.agents.base import BudgetExhausted, Comparison
 from polymorph.compile.ledger import Ledger
 from polymorph.compile.ranking import Ranking
-from polymorph.compile.selection import compare, eligible, leaderboard, rank, record_of
+from polymorph.compile.selection import EdgeMemo, compare, eligible, leaderboard, rank, record_of
 from polymorph.contract.api import ExperimentRecord, Objective
 
 __all__ = [
@@ -62,6 +62,7 @@ class Standings:
         self.objective = objective
         self.baseline: ExperimentRecord | None = None
         self._ranking: tuple[int, Ranking] | None = None
+        self._edges: EdgeMemo = {}
 
     def eligible(self, record: ExperimentRecord) -> bool:
         return eligible(record, self.objective)
@@ -75,9 +76,10 @@ class Standings:
 
     def ranking(self) -> Ranking:
         """Every build this sandbox measured, ranked by all its paired records at once (recomputed
-        only when the ledger has grown)."""
+        only when the ledger has grown, each record's edge computed once)."""
         if self._ranking is None or self._ranking[0] != len(self.ledger):
-            self._ranking = (len(self.ledger), rank(self.ledger.records, self.base_id, self.objective))
+            ranked = rank(self.ledger.records, self.base_id, self.objective, self._edges)
+            self._ranking = (len(self.ledger), ranked)
         return self._ranking[1]
 
     def record_of(self, build: str) -> ExperimentRecord | None:

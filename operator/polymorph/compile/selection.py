@@ -45,6 +45,7 @@ from polymorph.contract.api.common import Constraint
 from polymorph.contract.documents import CampaignResult, Counts, ResultBest, Standing
 
 __all__ = [
+    "EdgeMemo",
     "Scored",
     "budget_share",
     "compare",

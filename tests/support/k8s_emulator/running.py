@@ -23,6 +23,8 @@ import kmock
 import pytest
 import yaml
 
+from support import yamls
+
 from .resources import ResourceType
 from .server import ConformantKubernetesEmulator
 
@@ -125,7 +127,7 @@ def _preload(running: EmulatorThread, paths: Iterable[Path]) -> None:
         d
         for p in paths
         for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p])
-        for d in yaml.safe_load_all(f.read_text())
+        for d in yamls.load_all(f.read_text())
         if d
     ]
     documents.sort(key=lambda d: d.get("kind") != "CustomResourceDefinition")
