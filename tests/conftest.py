@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 
-# As ``polymorph.cli`` does, before numpy loads: the campaigns these tests run in-process (the
-# replays) do tiny matrix products, and OpenBLAS's idle threads spun on both cores (the replay
-# tests took 47 s of CPU for 33 s of wall time on one worker, 29 s with one thread).
+# One thread per worker process, before numpy or torch loads: three workers share two cores, and
+# idle BLAS and OpenMP threads spin. As ``polymorph.cli`` does for OpenBLAS: the campaigns these
+# tests run in-process (the replays) do tiny matrix products, and took 47 s of CPU for 33 s of wall
+# time on one worker, 26 s with one thread. The pods the node agent runs get OMP_NUM_THREADS=1 too.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import json
 import signal
