@@ -18,6 +18,7 @@ The result records the device, versions, date, the exact command, every run and 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import multiprocessing as mp
 import os
@@ -29,8 +30,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from polymorph import __version__
 
@@ -140,7 +139,7 @@ def main() -> int:
         "device": {"type": "cpu", "cpus": os.cpu_count(), "name": platform.processor() or platform.machine()},
         "versions": {
             "python": platform.python_version(),
-            "torch": torch.__version__,
+            "torch": importlib.metadata.version("torch"),  # the campaigns import it, not this script
             "polymorph": __version__,
         },
         "commit": _commit(),
