@@ -6,7 +6,7 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv test test-fast lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane images
+.PHONY: venv test test-fast lint typecheck unit demo e2e demo-fleet bench crds clean prometheus control-plane go-tools images
 
 venv: $(DEV_STAMP)
 
@@ -19,6 +19,11 @@ prometheus:
 # (tests/tools/control-plane), once, into the test cache outside the repository.
 control-plane:
 	PYTHONPATH=tests $(PYTHON) -m support.control_plane_build
+
+# The Go test tools (tests/tools: the real kstatus library, Argo CD's Lua runtime), built once into
+# the same cache; a test that needs one builds it if this has not (tests/support/go_tools.py).
+go-tools:
+	PYTHONPATH=tests $(PYTHON) -m support.go_tools
 
 # Two install levels: what running Polymorph needs (make demo), and the test tooling on top.
 # .ci/constraints.txt pins every dependency to the versions CI last passed with: installs are
@@ -55,7 +60,7 @@ typecheck: venv
 # canary pods' decode speed with the stable pods' on the same cores, so the tests beside it slow
 # both tracks alike. --durations lists the slowest tests.
 PYTEST_WORKERS ?= 3
-unit: venv prometheus control-plane
+unit: venv prometheus control-plane go-tools
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests e2e
 
 # The unit and core tests alone (the API and its rules, the operator's pure core, statistics, the
@@ -70,11 +75,11 @@ demo: $(RUN_STAMP)
 	$(BIN)/polymorph compile
 
 # The whole loop (e2e/README.md): the real control plane, kubectl, helm, operator, engines, Prometheus, S3 (moto).
-e2e: venv prometheus control-plane
+e2e: venv prometheus control-plane go-tools
 	$(BIN)/pytest -q e2e
 
 # The same scenario, narrated for a person to watch; ends with kubectl get md,cj.polymorph.dev,deploy,jobs,pods.
-demo-fleet: venv prometheus control-plane
+demo-fleet: venv prometheus control-plane go-tools
 	PYTHONPATH=tests:e2e $(BIN)/python e2e/demo_fleet.py
 
 bench: $(RUN_STAMP)

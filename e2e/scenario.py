@@ -180,6 +180,8 @@ class Scenario:
         """Each decision told (``narrate``): the objects it was recorded on."""
         self.gitops = gitops.Observer(fleet, MD)
         """Every version of the deployment and its CompileJobs that a wait read (``gitops_report``)."""
+        self._prometheus = httpx.Client(timeout=10)
+        """One client for the waits' instant queries (a client per query costs an SSL context)."""
 
     # --- narration ---------------------------------------------------------------------------
 
@@ -249,7 +251,7 @@ class Scenario:
 
     def _query(self, promql: str) -> float | None:
         """An instant query's first value from the fleet's Prometheus (local or the cluster's)."""
-        r = httpx.get(f"{self.fleet.prometheus_url}/api/v1/query", params={"query": promql}, timeout=10)
+        r = self._prometheus.get(f"{self.fleet.prometheus_url}/api/v1/query", params={"query": promql})
         result = r.json()["data"]["result"] if r.status_code == 200 else []
         return float(result[0]["value"][1]) if result else None
 
@@ -396,5 +398,6 @@ class Scenario:
         return rep
 
     def close(self) -> None:
+        self._prometheus.close()
         if self.traffic is not None:
             self.traffic.close()

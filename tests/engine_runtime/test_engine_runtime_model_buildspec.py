@@ -157,6 +157,7 @@ def test_resolve_knobs_validates_and_coerces(tmp_path: Path) -> None:
 
 def test_each_import_is_a_distinct_module_that_leaves_no_trace(tmp_path: Path) -> None:
     build = _build(tmp_path / "b")
+    gc.collect()  # as below: no earlier test's garbage may leave during this one
     before = _live_build_modules()
     first, second = import_build(build), import_build(build)
     assert first is not second and first.__name__ != second.__name__
@@ -171,6 +172,9 @@ def test_each_import_is_a_distinct_module_that_leaves_no_trace(tmp_path: Path) -
 
 def test_load_hotpath_unregisters_the_build_with_its_hot_path(tmp_path: Path) -> None:
     model = load_model("tiny")
+    # An earlier test's hot path in a reference cycle would otherwise be collected by this test's
+    # collect below, and its build's modules leave with it (seen once on a pytest-xdist worker).
+    gc.collect()
     before = _live_build_modules()
     hotpath, spec, knobs = load_hotpath(model, _build(tmp_path), {"mode": "b"})
     assert spec.name == "toy" and knobs == {"width": 1, "mode": "b", "flag": False}

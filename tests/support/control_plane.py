@@ -335,7 +335,8 @@ class ControlPlane:
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json", "--audit-log-maxsize=0",
         )  # fmt: skip
-        self._wait("kube-apiserver", self._apiserver_ready, timeout=120)
+        with self.api(timeout=5) as api:  # one client for the polls: each new one costs an SSL context
+            self._wait("kube-apiserver", lambda: api.get("/readyz").status_code == 200, timeout=120)
         self._create_crds()
 
         for name, port in (("kube-controller-manager", free_port()), ("kube-scheduler", free_port())):
@@ -406,10 +407,6 @@ class ControlPlane:
         got = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").json()
         conditions = (got.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    def _apiserver_ready(self) -> bool:
-        with self.api(timeout=5) as api:
-            return api.get("/readyz").status_code == 200
 
     # --- for tests -------------------------------------------------------------------------------
 

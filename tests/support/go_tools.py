@@ -12,6 +12,8 @@ Contract:
   only once it is complete.
 - When Go is missing or the build fails, ``GoToolUnavailable`` says so in one sentence, with
   the compiler's last line.
+- ``python -m support.go_tools`` (``make go-tools``, run by ``.ci/run`` while the venv installs)
+  builds every tool ahead of the tests, so that no test spends its time on a cold build.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
-__all__ = ["TOOLS", "GoToolUnavailable", "go_tool", "run_json"]
+__all__ = ["GO_TOOLS", "TOOLS", "GoToolUnavailable", "go_tool", "run_json"]
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
+GO_TOOLS = ("kstatus", "argocd-lua")
+"""The tools ``go_tool`` builds (``tools/control-plane`` is ``support.control_plane_build``'s)."""
 _lock = threading.Lock()
 
 
@@ -95,3 +101,18 @@ def run_json(name: str, args: list[str], stdin: str) -> list[dict[str, object]]:
     if done.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def main() -> None:
+    """Build (or find) every tool and print where each is."""
+    for name in GO_TOOLS:
+        started = time.monotonic()
+        try:
+            path = go_tool(name)
+        except GoToolUnavailable as error:
+            sys.exit(str(error))
+        print(f"tests/tools/{name} in {path} ({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

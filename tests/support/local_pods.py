@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
+from support import probes
 
 __all__ = ["Endpoint", "FileSD", "LocalPod", "PodHost", "UnsupportedPod", "free_port"]
 
@@ -288,11 +288,8 @@ class LocalPod:
             return False
         if c.probe is None:
             return True
-        try:
-            r = httpx.get(f"http://127.0.0.1:{c.probe[1]}{c.probe[0]}", timeout=0.5)
-        except httpx.HTTPError:
-            return False
-        return r.status_code < 400
+        answer = probes.get(c.probe[1], c.probe[0], timeout=0.5)
+        return answer is not None and answer[0] < 400
 
     def _run(self) -> None:
         try:

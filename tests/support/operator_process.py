@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from support import probes
 from support.prometheus import free_port
 from support.waiting import wait_for
 
@@ -78,10 +77,8 @@ class OperatorProcess:
     def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise AssertionError(f"the operator exited: {self.tail()}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        answer = probes.get(self.health_port, "/healthz", timeout=1)
+        return answer is not None and answer[0] == 200
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no goodbye, as a node failure or OOM kill would."""
@@ -101,7 +98,10 @@ class OperatorProcess:
         self.proc = None
 
     def metrics(self) -> str:
-        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        answer = probes.get(self.metrics_port, "/metrics", timeout=5)
+        if answer is None:
+            raise AssertionError(f"the operator's /metrics did not answer: {self.tail()}")
+        return answer[1]
 
     def _samples(self, name: str) -> list[float]:
         return [
