@@ -302,18 +302,7 @@ class ControlPlane:
         audit_policy = self.workdir / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
 
-        etcd_port, peer_port = free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self._spawn(
-            "etcd",
-            f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync", "--log-level=warn",
-        )  # fmt: skip
-        self._wait("etcd", lambda: httpx.get(f"{etcd_url}/health", timeout=2).json().get("health") == "true")
+        etcd_url = self._start_etcd()
 
         self._spawn(
             "kube-apiserver",
@@ -360,6 +349,36 @@ class ControlPlane:
             self._wait(name, lambda p=port: httpx.get(f"https://127.0.0.1:{p}/healthz", verify=False, timeout=2)
                        .text == "ok", timeout=90)  # fmt: skip
         self.timings["total"] = time.monotonic() - started
+
+    def _start_etcd(self, attempts: int = 3) -> str:
+        """Start etcd on two free ports and return its client URL. A port ``free_port`` found can be
+        taken by another process before etcd binds it (seen once with the suite's three workers and
+        their servers): etcd then exits with "address already in use", and it starts again on new
+        ports with an empty data folder."""
+        for attempt in range(attempts):
+            etcd_port, peer_port = free_port(), free_port()
+            etcd_url = f"http://127.0.0.1:{etcd_port}"
+            self._spawn(
+                "etcd",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync", "--log-level=warn",
+            )  # fmt: skip
+            try:
+                self._wait(
+                    "etcd",
+                    lambda u=etcd_url: httpx.get(f"{u}/health", timeout=2).json().get("health") == "true",
+                )
+                return etcd_url
+            except ControlPlaneUnavailable:
+                if attempt == attempts - 1 or "address already in use" not in self.log_tail("etcd", 3):
+                    raise
+                self._procs.pop()
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+        raise AssertionError("unreachable")
 
     def _spawn(self, name: str, *args: str) -> None:
         with (self.workdir / f"{name}.log").open("ab") as log:
