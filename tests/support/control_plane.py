@@ -63,7 +63,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from support import yamls
+from support import probes, yamls
 from support.control_plane_build import VERSION, ControlPlaneUnavailable, binaries
 from support.prometheus import free_port
 
@@ -368,10 +368,7 @@ class ControlPlane:
                 "--unsafe-no-fsync", "--log-level=warn",
             )  # fmt: skip
             try:
-                self._wait(
-                    "etcd",
-                    lambda u=etcd_url: httpx.get(f"{u}/health", timeout=2).json().get("health") == "true",
-                )
+                self._wait("etcd", lambda p=etcd_port: _etcd_healthy(p))
                 return etcd_url
             except ControlPlaneUnavailable:
                 if attempt == attempts - 1 or "address already in use" not in self.log_tail("etcd", 3):
@@ -488,6 +485,12 @@ class ControlPlane:
         path = self.workdir / f"{name}.log"
         text = path.read_text(errors="replace") if path.exists() else ""
         return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def _etcd_healthy(port: int) -> bool:
+    """etcd's ``/health`` says so (through ``support.probes``: no client, no SSL context a poll)."""
+    answer = probes.get(port, "/health", timeout=2)
+    return answer is not None and json.loads(answer[1]).get("health") == "true"
 
 
 @pytest.fixture(scope="session")
