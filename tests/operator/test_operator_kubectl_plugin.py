@@ -247,7 +247,7 @@ def test_plugin_steers_a_manual_rollout(
 
     # Bad input: one sentence, exit 2, no traceback.
     for args, words in [
-        (("get", "pods", "chat", "-n", NS), "unknown kind 'pods'"),
+        (("get", "pods", "chat", "-n", NS), "unknown TYPE 'pods'"),
         (("approve", "nosuch", "-n", NS), f"ModelDeployment {NS}/nosuch not found."),
         (("pin", "chat", "-n", NS, "--build", "latest"), "--build: 'latest' is not a build id"),
         (("get", "md", "chat", "-w", "--interval", "soon"), "--interval"),

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import kubernetes
 import urllib3
@@ -43,19 +43,32 @@ __all__ = [
 JSON = dict[str, Any]
 
 
+def _segment(what: str, value: str) -> str:
+    """One segment of a request path: ``value`` percent-quoted, refused when it could name another
+    path (empty, ``.`` or ``..``, which URL normalisation removes, or with a ``/``)."""
+    if not value or value in (".", "..") or "/" in value:
+        raise ValueError(f"{what} {value[:60]!r} cannot be a segment of an API request path")
+    return quote(value, safe="")
+
+
 @dataclass(frozen=True)
 class Kind:
     api_version: str
     plural: str
 
     def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
-        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        path = f"{root}/namespaces/{namespace}/{self.plural}" if namespace else f"{root}/{self.plural}"
+        """The REST path of the collection, or of one object: each segment (group, version, plural,
+        namespace, name, subresource) checked and quoted on its own, so no value names another path."""
+        group, _, version = self.api_version.rpartition("/")
+        parts = ["api", _segment("version", version)] if not group else ["apis", _segment("group", group), _segment("version", version)]  # fmt: skip
+        if namespace:
+            parts += ["namespaces", _segment("namespace", namespace)]
+        parts.append(_segment("resource", self.plural))
         if name:
-            path += f"/{name}"
+            parts.append(_segment("name", name))
         if subresource:
-            path += f"/{subresource}"
-        return path
+            parts.append(_segment("subresource", subresource))
+        return "/" + "/".join(parts)
 
 
 DEPLOYMENTS = Kind("apps/v1", "deployments")

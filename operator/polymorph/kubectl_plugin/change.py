@@ -78,7 +78,7 @@ def _apply(s: Session, args: argparse.Namespace, changes: Sequence[Change], then
     return 0
 
 
-def _check_build(flag: str, build: str) -> str:
+def check_build(flag: str, build: str) -> str:
     if not re.match(BUILD_ID_PATTERN, build):
         raise Refused(f"{flag}: {build!r} is not a build id; use reference or sha256:<64 hex digits>.")
     return build
@@ -132,7 +132,7 @@ def cmd_approve(s: Session, args: argparse.Namespace) -> int:
         raise Refused(
             f"{args.name} has no candidate build to approve (status.candidateBuild is empty); pass --build."
         )
-    _check_build("--build", build)
+    check_build("--build", build)
     paused = ro.get("phase") == "Paused" and ro.get("build") == build
     if not paused:
         active = (status.get("activeBuild") or {}).get("id")
@@ -232,7 +232,7 @@ def cmd_pin(s: Session, args: argparse.Namespace) -> int:
     build = args.build or (status.get("activeBuild") or {}).get("id")
     if not build:
         raise Refused(f"{args.name} has no active build yet; pass --build.")
-    _check_build("--build", build)
+    check_build("--build", build)
     current = ((md.get("spec") or {}).get("build") or {}).get("pinned")
     if current == build:
         raise Refused(f"{args.name} is already pinned to {build}.")

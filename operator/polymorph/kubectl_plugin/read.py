@@ -1,26 +1,23 @@
 """``kubectl polymorph``'s session and its read commands: ``get`` (one object, ``-w`` to watch) and
 ``list``. ``Session`` holds the cluster client, the namespace, the consoles and the optional
-store; ``connect`` reads the kubeconfig (or the in-cluster config).
+store (``kubeconfig.connect`` makes the client).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeClient, KubeError
-from polymorph.contract.api.common import DEFAULT_NAMESPACE
+from polymorph.clients.kube import COMPILEJOBS, MODELDEPLOYMENTS, KubeError
 from polymorph.contract.errors import StoreError
 from polymorph.contract.store import Store
 from polymorph.kubectl_plugin.render import render_list, render_tree, table_text, word
@@ -93,33 +90,6 @@ def newest_compilejob(md: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) 
             ),
         )
     )
-
-
-def connect(args: argparse.Namespace) -> tuple[Any, str]:
-    config = kubernetes.client.Configuration()
-    path = args.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    path = path.split(os.pathsep)[0]
-    namespace = args.namespace
-    if os.path.exists(path):
-        try:
-            kubernetes.config.load_kube_config(
-                config_file=path, context=args.context, client_configuration=config
-            )
-            contexts, current = kubernetes.config.list_kube_config_contexts(config_file=path)
-        except (kubernetes.config.ConfigException, ValueError, OSError) as exc:
-            raise Refused(f"--kubeconfig {path}: {str(exc).splitlines()[0]}") from None
-        chosen = (
-            next((c for c in contexts if c["name"] == args.context), current) if args.context else current
-        )
-        namespace = namespace or (chosen or {}).get("context", {}).get("namespace")
-    else:
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=config)
-        except kubernetes.config.ConfigException:
-            raise Refused(
-                f"--kubeconfig: no kubeconfig at {path} and not in a cluster; set KUBECONFIG or --kubeconfig."
-            ) from None
-    return KubeClient(config, timeout=args.request_timeout), namespace or DEFAULT_NAMESPACE
 
 
 def print_json(console: Console, data: Any) -> None:
