@@ -107,7 +107,7 @@ def _show(s: Session, renderable_view: JSON) -> None:
 def cmd_get(s: Session, args: argparse.Namespace) -> int:
     kind = KINDS.get(args.kind.lower())
     if kind is None:
-        raise Refused(f"get: unknown kind {args.kind!r}; use md (ModelDeployment) or cj (CompileJob).")
+        raise Refused(f"get: unknown TYPE {args.kind!r}; use md (ModelDeployment) or cj (CompileJob).")
 
     def view() -> JSON:
         if kind == "cj":
@@ -153,7 +153,7 @@ def cmd_get(s: Session, args: argparse.Namespace) -> int:
 def cmd_list(s: Session, args: argparse.Namespace) -> int:
     kind = KINDS.get(args.kind.lower())
     if kind is None:
-        raise Refused(f"list: unknown kind {args.kind!r}; use md (ModelDeployment) or cj (CompileJob).")
+        raise Refused(f"list: unknown TYPE {args.kind!r}; use md (ModelDeployment) or cj (CompileJob).")
     ns = None if args.all_namespaces else s.namespace
     if kind == "cj":
         views = [compilejob_view(j) for j in s.kube.list(COMPILEJOBS, ns)]
