@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from polymorph.contract.api import Figures
+from polymorph.contract.api import Figures, MeasuredShape
 from polymorph.contract.stats import median_ci
 from polymorph.contract.workload import Workload
 from polymorph_engine.runtime.hotpath import HotPath
@@ -224,8 +224,11 @@ def throughput(result: PassResult) -> float:
     return result.output_tokens / max(result.duration_s, 1e-9)
 
 
-def figures_of(passes: Sequence[PassResult], warmup_passes: int = 0) -> Figures:
-    """Aggregate measured passes into ``Figures`` (``warmup_passes``: how many ran unmeasured before)."""
+def figures_of(
+    passes: Sequence[PassResult], warmup_passes: int = 0, shape: MeasuredShape | None = None
+) -> Figures:
+    """Aggregate measured passes into ``Figures`` (``warmup_passes``: how many ran unmeasured before;
+    ``shape``: what they measured)."""
     if not passes:
         raise ValueError("figures_of needs at least one measured pass")
     output_tps = [throughput(p) for p in passes]
@@ -248,4 +251,5 @@ def figures_of(passes: Sequence[PassResult], warmup_passes: int = 0) -> Figures:
         ttftP95Repeats=[percentile(p.ttft_s, 95) * 1e3 for p in passes],
         itlP95Repeats=[percentile(p.itl_s, 95) * 1e3 for p in passes],
         warmupPasses=warmup_passes,
+        shape=shape,
     )

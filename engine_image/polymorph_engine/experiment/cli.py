@@ -155,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
                 builds = [knob_variant(b, knobs, work / f"variant-{i}") for i, b in enumerate(builds)]
             except BuildError as exc:
                 raise UsageError(f"--knob: {exc}") from None
-        settings = BenchSettings(repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+        settings = BenchSettings(
+            repeats=args.repeats, warmup=args.warmup, seed=args.seed, scaled=replay.scale_note or ""
+        )
         supervisor = Supervisor(
             model,
             device,

@@ -32,6 +32,7 @@ It knows nothing about processes, stores, agents or the CLI.
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from collections.abc import Callable
@@ -41,7 +42,8 @@ from typing import Any, Literal
 import torch
 
 from polymorph.contract.api import ExperimentRecord, Gates
-from polymorph.contract.api.build import PairedComparison, Timings, Verification
+from polymorph.contract.api.build import MeasuredShape, PairedComparison, Timings, Verification
+from polymorph.contract.steps import Plan, plan
 from polymorph.contract.workload import Workload, fit_workload
 from polymorph_engine.experiment.bench import PassResult, ReusedCache, figures_of, make_prompts, replay
 from polymorph_engine.experiment.measure import (
@@ -57,6 +59,7 @@ from polymorph_engine.experiment.measure import (
     waits_more,
 )
 from polymorph_engine.experiment.pairing import BaselineSlot
+from polymorph_engine.experiment.sampled import SampledPass
 from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.verify import Golden, verify
 from polymorph_engine.runtime.hotpath import HotPath
@@ -69,8 +72,10 @@ __all__ = [
     "describe_error",
     "fit_for_device",
     "measure_policy",
+    "measured_shape",
     "record_paired",
     "run_experiment",
+    "scale_note",
     "timed_by_cpu",
     "vocab_size_of",
 ]
@@ -115,13 +120,72 @@ DEVICE_SCALE: dict[str, dict[str, int]] = {
 """Per device type, the caps ``fit_for_device`` applies to a workload (same for hot and cold)."""
 
 
-def fit_for_device(workload: Workload, device: str, max_seq_len: int | None = None) -> Workload:
-    """``workload`` scaled by ``DEVICE_SCALE`` for ``device`` (and so every request fits ``max_seq_len``)."""
-    caps = dict(DEVICE_SCALE.get(torch.device(device).type, DEVICE_SCALE["cuda"]))
+def fit_for_device(
+    workload: Workload, device: str, max_seq_len: int | None = None, settings: BenchSettings | None = None
+) -> Workload:
+    """``workload`` as ``device`` measures it, every request within ``max_seq_len``.
+
+    Sampled passes (``settings.sampled_on``: accelerators by default) measure the whole workload,
+    scaled only where a request would not fit the model's positions. Replayed passes scale it by
+    ``DEVICE_SCALE`` for the device type."""
+    kind = torch.device(device).type
+    if settings is not None and settings.sampled_on(kind):
+        if max_seq_len is None or workload.max_tokens <= max_seq_len:
+            return workload
+        longest_in = max(r.input_tokens for r in workload.requests)
+        longest_out = max(r.output_tokens for r in workload.requests)
+        share = longest_in / (longest_in + longest_out)
+        max_input = max(1, min(longest_in, int(max_seq_len * share)))
+        return fit_workload(workload, max_input=max_input, max_output=max(1, max_seq_len - max_input))
+    caps = dict(DEVICE_SCALE.get(kind, DEVICE_SCALE["cuda"]))
     if max_seq_len is not None:
         caps["max_input"] = max(1, min(caps["max_input"], max_seq_len // 2))
         caps["max_output"] = max(1, min(caps["max_output"], max_seq_len - caps["max_input"]))
     return fit_workload(workload, **caps)
+
+
+def _lengths(workload: Workload) -> str:
+    longest_in = max(r.input_tokens for r in workload.requests)
+    longest_out = max(r.output_tokens for r in workload.requests)
+    return (
+        f"{len(workload.requests)} requests, prompts <= {longest_in}, outputs <= {longest_out}, "
+        f"concurrency {workload.concurrency}"
+    )
+
+
+def scale_note(before: Workload, after: Workload, device: str) -> str:
+    """What fitting ``before`` for ``device`` changed, in one line ("" when nothing)."""
+    if after == before:
+        return ""
+    return f"workload scaled down for --device {device}: {_lengths(before)} -> {_lengths(after)}"
+
+
+def measured_shape(workload: Workload, settings: BenchSettings, sampled: Plan | None) -> MeasuredShape:
+    """The ``MeasuredShape`` of figures measured on ``workload`` with ``settings`` (``sampled``: the plan)."""
+    slots, length = settings.cache_shape(workload)
+    prompts = sorted(r.input_tokens for r in workload.requests)
+    outputs = sorted(r.output_tokens for r in workload.requests)
+    return MeasuredShape(
+        method="sampledSteps" if sampled is not None else "replay",
+        requests=len(workload.requests),
+        concurrency=workload.concurrency,
+        promptTokensP50=prompts[len(prompts) // 2],
+        promptTokensMax=prompts[-1],
+        outputTokensP50=outputs[len(outputs) // 2],
+        outputTokensMax=outputs[-1],
+        cacheSlots=slots,
+        cacheLen=length,
+        decodeSteps=(sampled or _plan(workload, slots, length)).decode_steps,
+        sampled=sampled.describe() if sampled is not None else "",
+        scaled=settings.scaled,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _plan(workload: Workload, slots: int, length: int) -> Plan:
+    """``steps.plan`` of a workload, once per worker (a campaign measures one workload throughout)."""
+    del slots  # the scheduler's batch is the workload's concurrency; spare cache slots take prefills
+    return plan(workload, None, length)
 
 
 def vocab_size_of(model: LoadedModel) -> int:
@@ -257,13 +321,27 @@ def _benchmark(
     cpu = timed_by_cpu(settings, device)
     clock = time.process_time if cpu else time.perf_counter
     shape = settings.cache_shape(workload)
+    sampled = _plan(workload, *shape) if settings.sampled_on(torch.device(device).type) else None
+    measured = measured_shape(workload, settings, sampled)
 
     def passes_of(reused: ReusedCache) -> Callable[[], PassResult]:
+        if sampled is not None:
+            vocab = vocab_size_of(model)
+            return SampledPass(
+                reused,
+                workload,
+                sampled,
+                shape,
+                vocab_size=vocab,
+                device=device,
+                clock=clock,
+                seed=settings.seed,
+            )
         return lambda: replay(reused, workload, prompts, device=device, clock=clock, cache_len=shape[1])
 
     if baseline is None:
         one = measure_one(passes_of(candidate), policy)
-        record.figures = figures_of(one.passes, one.warmup)
+        record.figures = figures_of(one.passes, one.warmup, measured)
         record.passes, record.halfWidth = len(one.passes), one.estimate.half_width
         return
     against, base_path = baseline
@@ -275,15 +353,19 @@ def _benchmark(
         # would flatter it, so this comparison is judged by wall time.
         cpu = False
         paired = as_wall(paired, policy.confidence)
-    record_paired(record, against, paired, "cpu" if cpu else "wall")
+    record_paired(record, against, paired, "cpu" if cpu else "wall", measured)
 
 
 def record_paired(
-    record: ExperimentRecord, against: str, paired: PairedMeasurement, clock: Literal["cpu", "wall"]
+    record: ExperimentRecord,
+    against: str,
+    paired: PairedMeasurement,
+    clock: Literal["cpu", "wall"],
+    shape: MeasuredShape | None = None,
 ) -> None:
     """Fill ``record``'s figures and ``comparison`` from a paired measurement against build ``against``."""
     est = paired.estimate
-    record.figures = figures_of(paired.candidate, paired.candidate_warmup)
+    record.figures = figures_of(paired.candidate, paired.candidate_warmup, shape)
     record.comparison = PairedComparison(
         against=against,
         ratio=est.value,
@@ -293,7 +375,7 @@ def record_paired(
         pairs=est.n,
         halfWidth=est.half_width,
         clock=clock,
-        baseline=figures_of(paired.baseline, paired.baseline_warmup),
+        baseline=figures_of(paired.baseline, paired.baseline_warmup, shape),
     )
     record.passes, record.halfWidth = est.n, est.half_width
 

@@ -42,6 +42,13 @@ class BenchSettings:
     that attends a static cache under a mask pays for its length, and one that pads every decode
     to the cache's batch (``capture_buckets = max``) pays for its slots. (A build measured
     1.19x [1.07, 1.33] at one slot decoded at 0.83-1.06x of the stable build when served with two.)
+
+    ``method``: what a pass is. ``replay`` runs every request of the workload through the
+    scheduler; ``sampled`` times the few steps ``polymorph.contract.steps.plan`` picks from the
+    whole workload and lays out the rest with their costs (``experiment.sampled``), so a pass
+    costs about a replay of the toy shape whatever the workload's size. ``auto``: sampled on an
+    accelerator, where the workload is measured at its true lengths and concurrency, replay on a
+    CPU, where it is scaled down (``scaled`` says how, for the record).
     """
 
     repeats: int = 5
@@ -55,6 +62,12 @@ class BenchSettings:
     clock: Literal["auto", "wall", "cpu"] = "auto"
     cache_slots: int | None = None
     cache_len: int | None = None
+    method: Literal["auto", "replay", "sampled"] = "auto"
+    scaled: str = ""
+
+    def sampled_on(self, device_type: str) -> bool:
+        """Whether passes are sampled steps (``auto``: on accelerators) rather than full replays."""
+        return self.method == "sampled" or (self.method == "auto" and device_type != "cpu")
 
     def cache_shape(self, workload: Workload) -> tuple[int, int]:
         """(slots, sequence length) of every cache a benchmark of ``workload`` allocates."""

@@ -9,6 +9,7 @@ until ("stop",). Only the child imports this module: the parent stays free of to
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from multiprocessing.connection import Connection
@@ -21,7 +22,7 @@ from polymorph.contract.api import Gates
 from polymorph.contract.api.build import Verification
 from polymorph.contract.errors import UsageError
 from polymorph_engine.experiment.pairing import BaselineSlot
-from polymorph_engine.experiment.run import fit_for_device, run_experiment, vocab_size_of
+from polymorph_engine.experiment.run import fit_for_device, run_experiment, scale_note, vocab_size_of
 from polymorph_engine.experiment.verify import default_prompts, golden
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.hotreload import Engine
@@ -59,9 +60,12 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
 
         model = load_model(config.model_source, device=config.device, dtype=config.dtype, seed=config.seed)
         max_seq_len = model.config.max_position_embeddings
-        workload = (
-            fit_for_device(config.workload, config.device, max_seq_len) if config.fit else config.workload
-        )
+        workload = config.workload
+        settings = config.settings
+        if config.fit:
+            workload = fit_for_device(config.workload, config.device, max_seq_len, settings)
+            note = scale_note(config.workload, workload, config.device)
+            settings = dataclasses.replace(settings, scaled=settings.scaled or note)
         prompts = default_prompts(vocab_size_of(model), config.verify_prompts)
         reference = golden(model, prompts, config.verify_steps)
         engine = Engine(model)
@@ -92,7 +96,7 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
             gates,
             reference,
             description=description,
-            settings=config.settings,
+            settings=settings,
             against=against,
             slot=slot,
             screen=screen,

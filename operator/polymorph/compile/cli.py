@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
             workload=workload,
             gates=checked.gates,
             experiment_timeout=args.experiment_timeout,
-            settings=BenchSettings(repeats=args.repeats),
+            settings=BenchSettings(repeats=args.repeats, scaled=scale_note or ""),
             fit=replay.fit_on_device,  # CPU workloads were fitted above, with measurement.CPU_SCALE
             threads=measurement.worker_threads(args.threads, args.device),
         )

@@ -218,6 +218,7 @@ class Display:
         self.rich = not json_mode and self.stream.isatty()
         self.count = 0
         self._ordinals: dict[tuple[str, str | None, str, bool], int] = {}
+        self._shape_shown = False
         self._live: Live | None = None
         self._progress: Bar | None = None
         self._task: TaskID | None = None
@@ -266,6 +267,9 @@ class Display:
             record.screen,
         )
         ordinal = self._ordinals.setdefault(key, len(self._ordinals) + 1)
+        if not self._shape_shown and record.figures is not None and record.figures.shape is not None:
+            self._shape_shown = True  # once: every experiment of a campaign measures one shape
+            self.log(f"measured at: {record.figures.shape.summary()}")
         self.count = len(self._ordinals)
         value = objective_value(record.figures, self.objective) if record.figures is not None else None
         if progress.baseline is not None:

@@ -9,6 +9,7 @@ from polymorph.contract.api.build import (
     ExperimentRecord,
     ExperimentStatus,
     Figures,
+    MeasuredShape,
     PairedComparison,
     Verification,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "HardwareSpec",
     "Histogram",
     "JobPhase",
+    "MeasuredShape",
     "ModelDeployment",
     "ModelDeploymentSpec",
     "ModelDeploymentStatus",

@@ -20,6 +20,41 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+class MeasuredShape(StrictModel):
+    """The workload shape a build's figures were measured at, and how.
+
+    ``replay``: every request of the (possibly scaled) workload ran through the scheduler each
+    pass. ``sampledSteps``: each pass timed a few prefills and decode steps picked from the whole
+    workload and laid every step of it out with those costs
+    (``polymorph_engine.experiment.sampled``). ``scaled`` says what was changed to fit a device,
+    empty when nothing was.
+    """
+
+    method: Literal["replay", "sampledSteps"]
+    requests: int = Field(ge=1)
+    concurrency: int = Field(ge=1)
+    promptTokensP50: int = Field(ge=1)
+    promptTokensMax: int = Field(ge=1)
+    outputTokensP50: int = Field(ge=1)
+    outputTokensMax: int = Field(ge=1)
+    cacheSlots: int = Field(
+        ge=1, description="KV-cache slots the build was measured on (as serving allocates)"
+    )
+    cacheLen: int = Field(ge=1, description="positions each KV-cache slot holds")
+    decodeSteps: int = Field(default=0, ge=0, description="decode steps one pass of the whole workload takes")
+    sampled: str = Field(default="", description="what each sampled pass timed (sampledSteps only)")
+    scaled: str = Field(default="", description="what was changed to fit the device; empty when nothing")
+
+    def summary(self, scaling: bool = True) -> str:
+        """One line: the shape, the method, and (``scaling``) what was scaled."""
+        text = (
+            f"{self.requests} requests at concurrency {self.concurrency}, prompts p50 {self.promptTokensP50} "
+            f"max {self.promptTokensMax}, outputs p50 {self.outputTokensP50} max {self.outputTokensMax}, "
+            f"cache {self.cacheSlots}x{self.cacheLen} ({'sampled steps' if self.method == 'sampledSteps' else 'full replay'})"
+        )
+        return f"{text}; {self.scaled}" if self.scaled and scaling else text
+
+
 class Figures(StrictModel):
     """Benchmark figures for one build on one workload, from its measured passes.
 
@@ -57,6 +92,9 @@ class Figures(StrictModel):
     itlP95Repeats: list[float] = Field(default_factory=list, description="ITL p95 (ms) of each measured pass")
     warmupPasses: int = Field(
         default=0, ge=0, description="unmeasured passes run until two agreed (steady state)"
+    )
+    shape: MeasuredShape | None = Field(
+        default=None, description="the workload shape these figures were measured at"
     )
 
 

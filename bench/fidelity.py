@@ -1,0 +1,258 @@
+#!/usr/bin/env python
+"""Fidelity of the sampled-steps estimate: every build on every shape, estimated and fully replayed.
+
+The reference is the **full replay**: every request of the workload at its true prompt and
+output lengths, at its true concurrency, through the engine's own scheduler
+(``experiment.bench.replay``), on a KV cache of the shape serving allocates (``--cache-slots``,
+default the workload's concurrency; ``--cache-len``, default its longest request), after an
+untimed warm-up replay of its first ``--warmup-requests`` requests. The **estimate** is what an
+experiment measures on an accelerator: sampled passes (``experiment.sampled.SampledPass``)
+under the experiment's own stopping rules (``measure.measure_one``: steady-state warm-up, then
+passes until the median's 95% interval is within 2% or 10 s).
+
+For each shape (a workload file: a WorkloadProfile YAML or a .jsonl trace) and each build (the
+reference build with a knob set of ``--builds``, sets separated by ``;``), one engine measures
+both, and records output and total tok/s, TTFT p95 and ITL p95 of each, their relative errors,
+the seconds each took, and per shape whether the estimate ranks the builds as the full replay
+does wherever the replay separates them by more than ``--separation`` (3%).
+
+    PYTHONPATH=operator:engine_image python bench/fidelity.py --model llama-8b --device cuda \\
+        --dtype bfloat16 --shapes bench/shapes/chat-single.yaml,bench/shapes/chat-default.yaml,\\
+bench/shapes/long-batch.yaml --builds "$B1;$B2" --out bench/results/fidelity-llama-8b-h200.json
+    .venv/bin/python bench/fidelity.py --out bench/results/fidelity-tiny-cpu.json   # tiny, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from polymorph import __version__
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant
+from polymorph.contract.errors import BuildError, UsageError
+from polymorph.contract.steps import plan
+from polymorph.contract.workload import Workload, read_workload
+
+DEFAULT_BUILDS = (
+    "kv_cache=static,decode_step=fused,sampling=device;kv_cache=static,decode_step=fused,kernels=triton"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="The sampled-steps estimate against a full replay, build by build."
+    )
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--shapes", default="bench/shapes/chat-default.yaml", help="comma-separated workload files"
+    )
+    p.add_argument("--builds", default=DEFAULT_BUILDS, help="knob sets, ';'-separated (k=v,k=v;...)")
+    p.add_argument("--requests", type=int, default=64, help="requests sampled from a profile (default 64)")
+    p.add_argument("--full-passes", type=int, default=2, help="measured full replays per build (default 2)")
+    p.add_argument("--warmup-requests", type=int, default=8, help="requests of the untimed warm-up replay")
+    p.add_argument("--cache-slots", type=int, help="KV-cache slots (default: the workload's concurrency)")
+    p.add_argument("--cache-len", type=int, help="KV-cache positions (default: the longest request)")
+    p.add_argument("--separation", type=float, default=0.03)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads on a CPU device (default 1)")
+    p.add_argument("--out", type=Path)
+    return p
+
+
+def _knobs(text: str) -> list[dict[str, Any]]:
+    sets = []
+    for part in filter(None, (s.strip() for s in text.split(";"))):
+        knobs: dict[str, Any] = {}
+        for item in filter(None, part.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise UsageError(f"--builds: {item!r} is not knob=value")
+            knobs[key.strip()] = {"true": True, "false": False}.get(value.strip(), value.strip())
+        sets.append(knobs)
+    return sets
+
+
+def _figures(passes: list[Any]) -> dict[str, float]:
+    from polymorph_engine.experiment.bench import percentile, throughput
+
+    return {
+        "outputTokS": statistics.median(throughput(p) for p in passes),
+        "totalTokS": statistics.median((p.input_tokens + p.output_tokens) / p.duration_s for p in passes),
+        "ttftP95Ms": statistics.median(percentile(p.ttft_s, 95) for p in passes) * 1e3,
+        "itlP95Ms": statistics.median(percentile(p.itl_s, 95) for p in passes) * 1e3,
+    }
+
+
+def _error(estimate: dict[str, float], truth: dict[str, float]) -> dict[str, float]:
+    return {k: estimate[k] / truth[k] - 1.0 for k in truth if truth[k]}
+
+
+def _ranking(rows: list[dict[str, Any]], separation: float) -> dict[str, Any]:
+    """Pairs the full replay separates by more than ``separation``, and whether the estimate agrees."""
+    checked, agreed = 0, 0
+    disagreements = []
+    for a, b in itertools.combinations([r for r in rows if "full" in r], 2):
+        fa, fb = a["full"]["outputTokS"], b["full"]["outputTokS"]
+        if abs(fa / fb - 1.0) <= separation:
+            continue
+        checked += 1
+        if (fa > fb) == (a["estimate"]["outputTokS"] > b["estimate"]["outputTokS"]):
+            agreed += 1
+        else:
+            disagreements.append([a["knobs"], b["knobs"]])
+    return {"pairs": checked, "agreed": agreed, "disagreements": disagreements}
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    try:
+        builds = _knobs(args.builds)
+        shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+        workloads = {s: read_workload(s, n=args.requests)[0] for s in shapes}
+    except UsageError as exc:
+        print(f"fidelity: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from polymorph_engine.experiment.bench import ReusedCache, make_prompts, replay
+    from polymorph_engine.experiment.measure import GPU_TARGET, GPU_TIME_CAP, MeasurePolicy, measure_one
+    from polymorph_engine.experiment.sampled import SampledPass
+    from polymorph_engine.runtime.checkpoint import load_model
+    from polymorph_engine.runtime.config import parse_dtype
+    from polymorph_engine.runtime.hotreload import Engine
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    cpu = args.device == "cpu"
+    clock = time.process_time if cpu else time.perf_counter
+    policy = MeasurePolicy(
+        min_passes=5,
+        max_passes=40,
+        target_half_width=0.04 if cpu else GPU_TARGET,
+        time_cap_s=4.0 if cpu else GPU_TIME_CAP,
+        min_warmup=1,
+        max_warmup=6,
+    )
+    started = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype), seed=0)
+    engine = Engine(model)
+    vocab = int(model.config.vocab_size)
+    doc: dict[str, Any] = {
+        "benchmark": "fidelity",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "device": {
+            "type": torch.device(args.device).type,
+            "name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "polymorph": __version__,
+        },
+        "model": args.model,
+        "dtype": args.dtype,
+        "protocol": {
+            "full": f"{args.full_passes} measured full replays after a warm-up of {args.warmup_requests} requests",
+            "estimate": f"sampled passes, measure_one: {policy}",
+        },
+        "shapes": [],
+    }
+
+    def write() -> None:
+        doc["wallS"] = round(time.perf_counter() - started, 1)
+        text = json.dumps(doc, indent=2)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text + "\n")
+
+    with tempfile.TemporaryDirectory(prefix="polymorph-fidelity-") as tmp:
+        for name, workload in workloads.items():
+            shape = (
+                max(args.cache_slots or 0, workload.concurrency),
+                max(args.cache_len or 0, workload.max_tokens),
+            )
+            sampled_plan = plan(workload, None, shape[1])
+            rows: list[dict[str, Any]] = []
+            entry = {
+                "shape": name,
+                "requests": len(workload.requests),
+                "concurrency": workload.concurrency,
+                "promptTokens": sum(r.input_tokens for r in workload.requests),
+                "outputTokens": sum(r.output_tokens for r in workload.requests),
+                "cache": list(shape),
+                "plan": sampled_plan.describe(),
+                "decodeSteps": sampled_plan.decode_steps,
+                "builds": rows,
+            }
+            doc["shapes"].append(entry)
+            prompts = make_prompts(workload, vocab)
+            warm = Workload(workload.requests[: args.warmup_requests], workload.concurrency, workload.digest)
+            for i, knobs in enumerate(builds):
+                row: dict[str, Any] = {"knobs": knobs}
+                rows.append(row)
+                try:
+                    build = knob_variant(
+                        REFERENCE_BUILD, knobs, Path(tmp) / f"{Path(name).stem}-{i}", name=f"b{i}"
+                    )
+                    loaded = engine.load_build(build, None)
+                    reused = ReusedCache(loaded.hotpath, shape=shape)
+                    t = time.perf_counter()
+                    sampler = SampledPass(
+                        reused,
+                        workload,
+                        sampled_plan,
+                        shape,
+                        vocab_size=vocab,
+                        device=args.device,
+                        clock=clock,
+                    )
+                    estimate = measure_one(sampler, policy)
+                    sampler.release()
+                    row["estimate"] = _figures(estimate.passes)
+                    row["estimateS"] = round(time.perf_counter() - t, 2)
+                    row["estimatePasses"] = len(estimate.passes)
+                    row["estimateWarmup"] = estimate.warmup
+                    row["estimateHalfWidth"] = estimate.estimate.half_width
+                    replay(
+                        reused,
+                        warm,
+                        prompts[: len(warm.requests)],
+                        device=args.device,
+                        clock=clock,
+                        cache_len=shape[1],
+                    )
+                    t = time.perf_counter()
+                    full = [
+                        replay(reused, workload, prompts, device=args.device, clock=clock, cache_len=shape[1])
+                        for _ in range(args.full_passes)
+                    ]
+                    row["full"] = _figures(full)
+                    row["fullS"] = round(time.perf_counter() - t, 2)
+                    row["error"] = _error(row["estimate"], row["full"])
+                    reused.release()
+                except (BuildError, RuntimeError, ValueError) as exc:
+                    row["failed"] = f"{type(exc).__name__}: {exc}"[:400]
+                finally:
+                    engine.unload()
+                print(json.dumps({"shape": name, **row}), flush=True)
+                write()
+            entry["ranking"] = _ranking(rows, args.separation)
+            write()
+    print(json.dumps({"wallS": doc["wallS"], "ranking": [s["ranking"] for s in doc["shapes"]]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
