@@ -49,12 +49,12 @@ from polymorph.compile.agents.search import SearchAgent, config_key, with_requir
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.cli import CAMPAIGN_CPU_SCALE, DEVICE_DEFAULTS
 from polymorph.compile.ledger import CampaignPaths, config_uid
-from polymorph.contract.api import Budget, ExperimentRecord, Gates, Objective, WorkloadProfile
+from polymorph.contract.api import Budget, ExperimentRecord, Gates, Objective
 from polymorph.contract.api.common import parse_duration
 from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
-from polymorph.contract.errors import BuildError
+from polymorph.contract.errors import BuildError, UsageError
 from polymorph.contract.store import open_store
-from polymorph.contract.workload import DEFAULT_WORKLOAD, fit_workload, workload_from_profile
+from polymorph.contract.workload import DEFAULT_WORKLOAD, fit_workload, read_workload, workload_from_profile
 
 if TYPE_CHECKING:
     from polymorph_engine.experiment.supervisor import Supervisor
@@ -323,6 +323,11 @@ def main() -> int:
     parser.add_argument(
         "--deadline", help="the campaign's deadline (default: polymorph compile's for --device)"
     )
+    parser.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="a WorkloadProfile YAML/JSON or a .jsonl trace (default: the sample profile)",
+    )
     parser.add_argument("--min-speedup", type=float, default=1.05)
     parser.add_argument("--threads", type=int, help="worker torch threads (default 1 on CPU)")
     parser.add_argument("--out", type=Path, help="where to write the JSON result")
@@ -340,7 +345,13 @@ def main() -> int:
     _check(args)
     anchor_config = _anchor(args.anchor) if args.anchor else None
     previous = _previous_sweep(args.sweep_from) if args.sweep_from is not None else None
-    workload = workload_from_profile(DEFAULT_WORKLOAD)
+    if args.workload:
+        try:
+            workload, profile = read_workload(args.workload)
+        except UsageError as exc:
+            parser.error(str(exc))
+    else:
+        workload, profile = workload_from_profile(DEFAULT_WORKLOAD), DEFAULT_WORKLOAD
     if args.device == "cpu":
         workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
     gates = Gates(minSpeedup=args.min_speedup)
@@ -381,6 +392,7 @@ def main() -> int:
         },
         "model": args.model,
         "dtype": args.dtype,
+        "workload": args.workload or "the sample profile",
     }
 
     def write(doc: dict[str, Any]) -> None:
@@ -403,7 +415,6 @@ def main() -> int:
         write(meta | {"partial": True, "exhaustive": sweep_doc})  # in case the campaign does not finish
 
         store = open_store(str(work / "store"))
-        profile: WorkloadProfile = DEFAULT_WORKLOAD
         settings = CampaignSettings(
             paths=CampaignPaths("local", "search-quality", config_uid({"t": time.time()})),
             base_dir=REFERENCE_BUILD,

@@ -108,7 +108,7 @@ def verdicts(api: Api) -> tuple[str, str]:
 @pytest.fixture
 def tmux() -> Iterator[Callable[[str], str]]:
     if shutil.which("tmux") is None:
-        pytest.fail("tmux is not installed; .ci/run installs it with apt")
+        pytest.fail("tmux is not installed; make system-packages installs it with apt")
     name = f"polymorph-{uuid.uuid4().hex[:8]}"
     started: list[str] = []
 

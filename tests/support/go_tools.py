@@ -44,7 +44,7 @@ def _go() -> str:
     found = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
     if found is None:
         raise GoToolUnavailable(
-            "Go is not installed (no `go` on PATH); .ci/run installs it, or see go.dev/doc/install."
+            "Go is not installed (no `go` on PATH); the tests need Go 1.26 or later: see go.dev/doc/install."
         )
     return found
 

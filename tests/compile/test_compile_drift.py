@@ -1,0 +1,119 @@
+"""Drift that changes the answer: one base build, two traffic shapes, two different builds kept.
+
+The base build (``shape_tuned_build``) is the reference with one knob, ``tuned_for``, whose best
+value depends on the traffic by construction: ``both`` (the default) computes every decode step
+three times, ``single`` only steps of two rows or more, ``batch`` only one-row steps. On
+single-stream traffic every decode step has one row, so ``single`` is ~3x faster at decode and
+``batch`` gains nothing; at concurrency 4 nearly every step has four rows, and it is the other
+way round. A ``polymorph compile`` per shape (what a CompileJob opened on each runs) keeps
+``single`` on the first and ``batch`` on the second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polymorph.contract.builds import REFERENCE_BUILD
+
+_ENTRY = '''"""A shape-tuned test build: the reference, with decode steps repeated by occupancy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .hotpath import load as load_base
+
+REPEAT = 2
+
+
+class ShapeTuned:
+    def __init__(self, model: Any, knobs: dict[str, Any]) -> None:
+        knobs = dict(knobs)
+        self.tuned_for = knobs.pop("tuned_for", "both")
+        self.inner = load_base(model, knobs)
+
+    def new_cache(self, max_batch: int, max_seq_len: int) -> Any:
+        return [self.inner.new_cache(max_batch, max_seq_len) for _ in range(REPEAT + 1)]
+
+    def prefill(self, cache: Any, slot: int, tokens: Any) -> Any:
+        for extra in cache[1:]:
+            self.inner.prefill(extra, slot, tokens)
+        return self.inner.prefill(cache[0], slot, tokens)
+
+    def decode(self, cache: Any, slots: Any, tokens: Any) -> Any:
+        wasted = self.tuned_for == "both" or (self.tuned_for == "single") == (len(slots) > 1)
+        for extra in cache[1:] if wasted else ():
+            self.inner.decode(extra, slots, tokens)
+        return self.inner.decode(cache[0], slots, tokens)
+
+    def sample(self, logits: Any) -> Any:
+        return self.inner.sample(logits)
+
+    def free(self, cache: Any, slot: int) -> None:
+        for c in cache:
+            self.inner.free(c, slot)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def load(model: Any, knobs: dict[str, Any]) -> ShapeTuned:
+    return ShapeTuned(model, knobs)
+'''
+
+_TOML = """[build]
+name = "shape-tuned"
+parent = ""
+entry = "tuned.py"
+description = "The reference, decode steps repeated by batch occupancy (a test build)."
+
+[knobs.tuned_for]
+choices = ["both", "single", "batch"]
+default = "both"
+description = "both: every decode step computed three times. single: only steps of two rows or more. batch: only one-row steps."
+"""
+
+
+def shape_tuned_build(folder: Path) -> Path:
+    shutil.copytree(REFERENCE_BUILD, folder, ignore=shutil.ignore_patterns("__pycache__", "build.toml"))
+    (folder / "build.toml").write_text(_TOML)
+    (folder / "tuned.py").write_text(_ENTRY)
+    return folder
+
+
+def _profile(path: Path, concurrency: int) -> Path:
+    path.write_text(
+        "inputTokens: {bounds: [16, 48], counts: [50, 50]}\n"
+        "outputTokens: {bounds: [16, 32], counts: [50, 50]}\n"
+        f"concurrency: {concurrency}\n"
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_two_traffic_shapes_keep_different_builds(tmp_path: Path) -> None:
+    base = shape_tuned_build(tmp_path / "base")
+    kept = {}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("ANTHROPIC_API_KEY", None)
+    for concurrency in (1, 4):
+        workload = _profile(tmp_path / f"c{concurrency}.yaml", concurrency)
+        proc = subprocess.run(
+            [sys.executable, "-m", "polymorph.cli", "compile", "--store", str(tmp_path / f"store-{concurrency}"),
+             "--base-build", str(base), "--workload", str(workload), "--max-experiments", "5", "--json"],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["state"] == "improved", doc["message"]
+        kept[concurrency] = doc["best"]["knobs"]["tuned_for"]
+        assert re.search(rf"measured at: \d+ requests at concurrency {concurrency},", proc.stderr)
+    assert kept == {1: "single", 4: "batch"}
