@@ -35,11 +35,12 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from polymorph import __version__
-from polymorph.contract.builds import REFERENCE_BUILD, knob_variant
+from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
 from polymorph.contract.errors import BuildError, UsageError
+from polymorph.contract.inputs import integer
 from polymorph.contract.steps import plan
 from polymorph.contract.workload import Workload, read_workload
 
@@ -48,9 +49,15 @@ DEFAULT_BUILDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
+        print(f"fidelity: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description="The sampled-steps estimate against a full replay, build by build."
+    p = _Parser(
+        allow_abbrev=False, description="The sampled-steps estimate against a full replay, build by build."
     )
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default="cpu")
@@ -59,13 +66,29 @@ def _parser() -> argparse.ArgumentParser:
         "--shapes", default="bench/shapes/chat-default.yaml", help="comma-separated workload files"
     )
     p.add_argument("--builds", default=DEFAULT_BUILDS, help="knob sets, ';'-separated (k=v,k=v;...)")
-    p.add_argument("--requests", type=int, default=64, help="requests sampled from a profile (default 64)")
-    p.add_argument("--full-passes", type=int, default=2, help="measured full replays per build (default 2)")
-    p.add_argument("--warmup-requests", type=int, default=8, help="requests of the untimed warm-up replay")
-    p.add_argument("--cache-slots", type=int, help="KV-cache slots (default: the workload's concurrency)")
-    p.add_argument("--cache-len", type=int, help="KV-cache positions (default: the longest request)")
-    p.add_argument("--separation", type=float, default=0.03)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads on a CPU device (default 1)")
+    p.add_argument(
+        "--requests",
+        type=integer(1, 100_000),
+        default=64,
+        help="requests sampled from a profile (default: 64)",
+    )
+    p.add_argument(
+        "--full-passes", type=integer(1, 100), default=2, help="measured full replays per build (default: 2)"
+    )
+    p.add_argument(
+        "--warmup-requests",
+        type=integer(1),
+        default=8,
+        help="requests of the untimed warm-up replay (default: 8)",
+    )
+    p.add_argument(
+        "--cache-slots", type=integer(1, 4096), help="KV-cache slots (default: the workload's concurrency)"
+    )
+    p.add_argument("--cache-len", type=integer(2), help="KV-cache positions (default: the longest request)")
+    p.add_argument(
+        "--separation", type=float, default=0.03, help="ratios the ranking check requires (default: 0.03)"
+    )
+    p.add_argument("--threads", type=integer(1, 4096), default=1, help="torch threads on a CPU (default: 1)")
     p.add_argument("--out", type=Path)
     return p
 
@@ -79,7 +102,13 @@ def _knobs(text: str) -> list[dict[str, Any]]:
             if not sep:
                 raise UsageError(f"--builds: {item!r} is not knob=value")
             knobs[key.strip()] = {"true": True, "false": False}.get(value.strip(), value.strip())
+        try:
+            resolve_knobs(read_build(REFERENCE_BUILD), knobs)
+        except BuildError as exc:
+            raise UsageError(f"--builds {part!r}: {exc}") from None
         sets.append(knobs)
+    if not sets:
+        raise UsageError("--builds names no knob set; give k=v,k=v sets separated by ';'")
     return sets
 
 
@@ -145,7 +174,11 @@ def main() -> int:
         max_warmup=6,
     )
     started = time.perf_counter()
-    model = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype), seed=0)
+    try:
+        model = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype), seed=0)
+    except UsageError as exc:
+        print(f"fidelity: {exc}", file=sys.stderr)
+        return 2
     engine = Engine(model)
     vocab = int(model.config.vocab_size)
     doc: dict[str, Any] = {

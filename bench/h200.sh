@@ -4,6 +4,8 @@
 #   bash bench/h200.sh search     # 1. campaign + exhaustive sweep + head to head on llama-8b
 #   bash bench/h200.sh decode F   # 2. the build the campaign in F kept, beside the peers, and hot vs cold
 #   bash bench/h200.sh all        # 1 without the sweep (an earlier one's best), then batch-1 decode
+#   bash bench/h200.sh fidelity   # 3. the sampled-steps estimate against full replays, three shapes
+#   bash bench/h200.sh shapes     # 4. a sweep and a campaign per shape (bench/shapes/*.yaml)
 #
 # 1. bench/search_quality.py on llama-8b bf16: the reference alone, an exhaustive sweep of the
 #    decode-path knobs (paired with a fused anchor), then a 30-experiment campaign from the
@@ -12,6 +14,11 @@
 #    prepare time.
 # 2. bench/decode.py: Polymorph's reference and the campaign's build, the gpt-fast-style compiled
 #    peer, HF eager and HF compiled, both shapes; then bench/hot_vs_cold.py on llama-8b.
+# 3. bench/fidelity.py: five builds on each of bench/shapes/{chat-default,long-batch,chat-single}.yaml,
+#    each estimated by sampled passes (what an experiment measures) and fully replayed.
+# 4. bench/search_quality.py --workload per shape: an anchored sweep of the knobs that move with
+#    the shape, a campaign from the reference, head to head by the estimate; then bench/fidelity.py
+#    replays the campaign's kept build and the sweep's best in full on the same shape.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
 # transformers; pydantic, structlog and boto3 & co. come from PYTHONPATH when the image lacks them.
 set -euo pipefail
@@ -61,8 +68,34 @@ print(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in
         --knobs "${FOUND:-kv_cache=concat}" --budget-s "${DECODE_BUDGET_S:-220}" --json \
         --out "$OUT/decode-h200-$DATE-campaign.json" >/dev/null
     ;;
+fidelity)
+    F=kv_cache=static,decode_step=fused,kernels=triton,attention=sdpa,sampling=device
+    timeout 570 python3 bench/fidelity.py --model llama-8b --device cuda --dtype bfloat16 \
+        --shapes bench/shapes/chat-default.yaml,bench/shapes/long-batch.yaml,bench/shapes/chat-single.yaml \
+        --builds "$F;$F,gemv=triton,pdl=true,residual=norm;$F,capture_buckets=max;$F,prefill=bucketed;${F/triton/torch}" \
+        --full-passes 1 --out "$OUT/fidelity-llama-8b-$DATE.json"
+    ;;
+shapes)
+    for s in ${SHAPES:-chat-single chat-default long-batch}; do
+        timeout "${SHAPE_BUDGET_S:-180}" python3 bench/search_quality.py --model llama-8b --device cuda \
+            --dtype bfloat16 --workload "bench/shapes/$s.yaml" \
+            --knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile \
+            --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --experiment-timeout 60 \
+            --max-experiments "${CAMPAIGN_EXPERIMENTS:-40}" --deadline "${CAMPAIGN_DEADLINE:-90s}" \
+            --out "$OUT/search-quality-llama-8b-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
+        KEPT=$(python3 -c '
+import json, sys
+doc = json.load(open(sys.argv[1]))
+sets = [((doc.get("campaign") or {}).get("best") or {}).get("knobs"), ((doc.get("exhaustive") or {}).get("best") or {}).get("config")]
+print(";".join(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()) for s in sets if s))
+' "$OUT/search-quality-llama-8b-$s-$DATE.json" || true)
+        [ -n "$KEPT" ] && python3 bench/fidelity.py --model llama-8b --device cuda --dtype bfloat16 \
+            --shapes "bench/shapes/$s.yaml" --builds "$KEPT" --full-passes 1 \
+            --out "$OUT/fidelity-llama-8b-$s-kept-$DATE.json" >/dev/null
+    done
+    ;;
 *)
-    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON | all" >&2
+    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON | all | fidelity | shapes" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,7 @@ before any model loads), and search_quality's choice of which sweep points may b
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,11 @@ BAD_FLAGS = [
     ("fleet_drift.py", ["--drifted", "9", "--deployments", "3"], "--drifted between 0 and --deployments"),
     ("fleet_drift.py", ["--scrape-interval", "5"], "--scrape-interval must be whole seconds such as 5s"),
     ("serve_load.py", ["--clients", "0"], "--clients must be a positive integer"),
+    ("fidelity.py", ["--requests", "0"], "--requests: must be a whole number from 1 to 100000"),
+    ("fidelity.py", ["--builds", "kv_cache=nope"], "knob 'kv_cache' of build 'reference' must be one of"),
+    ("fidelity.py", ["--builds", ";"], "--builds names no knob set"),
+    ("fidelity.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
+    ("fidelity.py", ["--shapes", "/nonexistent.yaml"], "workload file /nonexistent.yaml: file not found"),
 ]
 
 
@@ -85,3 +91,26 @@ def test_contenders_of_one_precise_best_is_that_point_alone_and_at_most_four() -
     many = [_point(3.0 - i / 100, 2.5, 3.5) for i in range(8)]
     assert len(search_quality.contenders(many)) == search_quality.MAX_CONTENDERS
     assert search_quality.contenders([_point(2.0, 1.9, 2.1, status="crashed")]) == []
+
+
+def test_fidelity_records_the_estimate_beside_the_full_replay(tmp_path: Path) -> None:
+    shape = tmp_path / "shape.yaml"
+    shape.write_text(
+        "inputTokens: {bounds: [8, 32], counts: [50, 50]}\noutputTokens: {bounds: [4, 12], counts: [50, 50]}\n"
+        "concurrency: 3\n"
+    )
+    out = tmp_path / "fidelity.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "fidelity.py"), "--shapes", str(shape), "--requests", "8", "--full-passes", "1",
+         "--builds", "kv_cache=concat;kv_cache=static", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    (entry,) = doc["shapes"]
+    assert entry["concurrency"] == 3 and entry["requests"] == 8 and entry["plan"].startswith("sampled steps")
+    assert [b["knobs"] for b in entry["builds"]] == [{"kv_cache": "concat"}, {"kv_cache": "static"}]
+    for build in entry["builds"]:
+        assert build["full"]["outputTokS"] > 0 and build["estimate"]["outputTokS"] > 0
+        assert set(build["error"]) == {"outputTokS", "totalTokS", "ttftP95Ms", "itlP95Ms"}
+    assert doc["device"]["type"] == "cpu" and doc["command"] and doc["date"]
