@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph.contract.store import open_store
 
 _ENTRY = '''"""A shape-tuned test build: the reference, with decode steps repeated by occupancy."""
 
@@ -115,5 +116,12 @@ def test_two_traffic_shapes_keep_different_builds(tmp_path: Path) -> None:
         doc = json.loads(proc.stdout)
         assert doc["state"] == "improved", doc["message"]
         kept[concurrency] = doc["best"]["knobs"]["tuned_for"]
+        # Every report names the shape measured, and on a CPU what the scaling changed.
         assert re.search(rf"measured at: \d+ requests at concurrency {concurrency},", proc.stderr)
+        shape = doc["measuredShape"]
+        assert shape["concurrency"] == concurrency and shape["method"] == "replay"
+        assert shape["scaled"].startswith("workload scaled down for --device cpu: 64 requests")
+        manifest = open_store(str(tmp_path / f"store-{concurrency}")).get_manifest(doc["best"]["build"])
+        assert manifest.figures is not None and manifest.figures.shape is not None
+        assert manifest.figures.shape.model_dump(mode="json") == shape
     assert kept == {1: "single", 4: "batch"}

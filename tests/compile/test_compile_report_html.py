@@ -26,7 +26,7 @@ from pairing_support import paired
 from polymorph.compile import report_html
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.selection import score, select_result
-from polymorph.contract.api import ExperimentRecord, Figures, Gates, Objective
+from polymorph.contract.api import ExperimentRecord, Figures, Gates, MeasuredShape, Objective
 from polymorph.contract.api.build import Verification
 from polymorph.contract.store import LocalStore
 
@@ -133,6 +133,20 @@ def test_page_has_the_summary_plot_and_leaderboard_best_first() -> None:
     assert '<tr class="result"><td>1</td>' in table.group(0)
     assert "decode_batch=16" in table.group(0) and "graphs=True" in table.group(0)
     assert f"{result.best.speedup:.3f}x" in page  # the result's own (ranked) speedup in the summary
+
+
+def test_page_names_the_shape_the_figures_were_measured_at() -> None:
+    records = ledger()
+    assert report_html.render(records, result_of(records)).count('class="shape"') == 0  # none recorded
+    shape = MeasuredShape(
+        method="sampledSteps", requests=64, concurrency=8, promptTokensP50=240, promptTokensMax=1913,
+        outputTokensP50=63, outputTokensMax=948, cacheSlots=8, cacheLen=2476, decodeSteps=1858,
+    )  # fmt: skip
+    assert records[0].figures is not None
+    records[0].figures.shape = shape
+    page = report_html.render(records, result_of(records))
+    assert f'<p class="shape">Measured at: {shape.summary()}</p>' in page
+    assert "64 requests at concurrency 8" in shape.summary() and "(sampled steps)" in shape.summary()
 
 
 def test_agent_written_text_is_escaped() -> None:

@@ -30,7 +30,7 @@ from rich.table import Table
 from polymorph.compile.ledger import CampaignPaths
 from polymorph.compile.outcome import CampaignOutcome
 from polymorph.compile.selection import objective_value
-from polymorph.contract.api import ExperimentRecord, Objective
+from polymorph.contract.api import ExperimentRecord, Objective, measured_shape_of
 from polymorph.contract.documents import Progress
 from polymorph.contract.store import Store
 
@@ -90,6 +90,9 @@ def final_json(
         "stopMessage": outcome.message,
         "objective": result.objective.metric,
         "campaign": {"prefix": paths.prefix, "store": store.uri, "result": store.uri_for(paths.result)},
+        "measuredShape": shape.model_dump(mode="json")
+        if (shape := measured_shape_of(outcome.records))
+        else None,
         "baseline": {
             "build": baseline.build,
             "value": baseline.value,
@@ -157,6 +160,8 @@ def render_report(
         f"{e['crashed']} crashed, {e['timeout']} timed out); {e['ranThisRun']} ran now, {e['fromLedger']} from the ledger",
         file=out,
     )
+    if (shape := measured_shape_of(outcome.records)) is not None:
+        print(f"measured   {shape.summary()}", file=out)
     if doc["baseline"]:
         b = doc["baseline"]
         print(f"baseline   {_value(b['value'], b['noise'], b['passes'])} {metric}", file=out)

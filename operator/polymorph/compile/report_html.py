@@ -31,7 +31,7 @@ from datetime import datetime
 
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.selection import eligible, objective_value, score
-from polymorph.contract.api import ExperimentRecord, Objective
+from polymorph.contract.api import ExperimentRecord, Objective, measured_shape_of
 from polymorph.contract.documents import CampaignResult
 from polymorph.contract.store import Store
 
@@ -357,6 +357,11 @@ footer { color: #8b949e; font-size: 12px; margin-top: 18px; }
 """
 
 
+def _shape(records: Sequence[ExperimentRecord]) -> str:
+    shape = measured_shape_of(records)
+    return f'<p class="shape">Measured at: {_e(shape.summary())}</p>' if shape is not None else ""
+
+
 def render(
     records: Iterable[ExperimentRecord],
     result: CampaignResult,
@@ -371,7 +376,7 @@ def render(
     scored = sum(p.speedup is not None for p in pts)
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(heading)}</title>'
-        f"<style>{STYLE}</style></head><body><h1>{_e(heading)}</h1>{_summary(result)}"
+        f"<style>{STYLE}</style></head><body><h1>{_e(heading)}</h1>{_summary(result)}{_shape(recs)}"
         f"<h2>Speedup of each experiment over time ({scored} compared with the baseline, {len(pts) - scored} without figures)</h2>"
         f"{_plot(pts, result)}{_legend()}<h2>Leaderboard</h2>{_leaderboard(pts, result)}"
         f"<footer>polymorph compile report{_e(when)}: {len(recs)} experiment records, "

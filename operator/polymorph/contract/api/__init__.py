@@ -12,6 +12,7 @@ from polymorph.contract.api.build import (
     MeasuredShape,
     PairedComparison,
     Verification,
+    measured_shape_of,
 )
 from polymorph.contract.api.common import (
     API_GROUP,
@@ -153,5 +154,6 @@ __all__ = [
     "WorkloadProfile",
     "WorkloadSpec",
     "format_duration",
+    "measured_shape_of",
     "parse_duration",
 ]

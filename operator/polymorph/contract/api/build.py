@@ -6,6 +6,7 @@ An experiment record is one line of a campaign ledger.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -185,6 +186,13 @@ class ExperimentRecord(StrictModel):
     agent: str = ""
     usage: TokenUsage | None = None
     startedAt: datetime = Field(default_factory=_now)
+
+
+def measured_shape_of(records: Iterable[ExperimentRecord]) -> MeasuredShape | None:
+    """The shape the first of ``records`` with figures was measured at (a campaign measures one)."""
+    return next(
+        (r.figures.shape for r in records if r.figures is not None and r.figures.shape is not None), None
+    )
 
 
 class BuildManifest(StrictModel):
