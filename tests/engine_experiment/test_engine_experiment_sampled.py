@@ -352,3 +352,30 @@ def test_the_estimate_tracks_the_tiny_models_own_full_replay(model: LoadedModel,
     engine.close()
     truth = sorted(throughput(p) for p in full)[1]
     assert estimate.estimate.value == pytest.approx(truth, rel=0.2)
+
+
+def test_the_state_is_filled_once_and_refilled_rarely() -> None:
+    # Filling 32 slots at 2-4k positions is a prefill of ~70k tokens: most of a measurement when it
+    # recurs. Twenty passes refill no state slot (the probes correct for the positions they moved).
+    workload = workload_from_profile(LONG, n=64)
+    chosen = plan(workload)
+    clock = SimClock()
+    hot = Recorded(Costs(), clock)
+    filled: list[int] = []
+    prefill = hot.prefill
+
+    def counting(cache: object, slot: int, tokens: torch.Tensor) -> torch.Tensor:
+        filled.append(len(tokens))
+        return prefill(cache, slot, tokens)
+
+    hot.prefill = counting  # type: ignore[method-assign]
+    sampler = SampledPass(hot, workload, chosen, (32, workload.max_tokens), vocab_size=4, clock=clock)  # type: ignore[arg-type]
+    sampler()
+    first = sum(filled)
+    assert first >= sum(chosen.homes)
+    filled.clear()
+    for _ in range(20):
+        sampler()
+    samples = sum(chosen.prefill_lengths)
+    restores = sum(filled) - 20 * samples  # slot 0 is refilled after each pass's prefill samples
+    assert restores <= 20 * chosen.homes[0] + max(chosen.homes), (restores, chosen.homes[:3])

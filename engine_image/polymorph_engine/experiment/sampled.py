@@ -11,7 +11,7 @@ protocol (warm-up, adaptive passes, ABBA pairing) runs on it unchanged.
 
 What it keeps between passes: the cache (the build prepares it once, as a server does) and the
 decode state on it: slot ``i`` holds ``plan.homes[i]`` positions, refilled (untimed) when the
-decode steps of a measurement have advanced it by more than ``drift``. A prefill sample goes into
+decode steps of a measurement have advanced it by more than ``drift`` (a tenth of its home). A prefill sample goes into
 a spare slot when the cache has one, else into the state's shortest slot, which is then refilled.
 Timed work ends with the token read back to the host, as the scheduler's steps do.
 
@@ -38,9 +38,16 @@ DECODE_STEPS = 2
 """Decode steps timed at each anchor in one pass (their mean is the anchor's step time)."""
 
 
-def drift(home: int) -> int:
-    """Positions a state slot may advance past its home before it is refilled."""
-    return min(32, max(4, home // 50))
+MARGIN = 16
+"""Positions one pass may advance a state slot, at most: one step per anchor holding it and a probe."""
+
+
+def drift(home: int, positions: int) -> int:
+    """Positions a state slot may advance past its home before it is refilled: a tenth of it (the
+    one-row probes correct the decode cost for the positions it moved), within its cache slot.
+    Refilling is a prefill of the whole home, untimed but not free: at 4k positions and 32 slots,
+    a refill every few passes was most of a measurement."""
+    return max(0, min(max(4, home // 10), positions - MARGIN - home))
 
 
 class SampledPass:
@@ -91,7 +98,7 @@ class SampledPass:
     def _settle(self) -> None:
         """Refill every state slot that is empty or has drifted off its home (untimed)."""
         for slot, home in enumerate(self.plan.homes):
-            if not home <= self.lengths[slot] <= home + drift(home):
+            if not home <= self.lengths[slot] <= home + drift(home, self.shape[1]):
                 self._prefill(slot, home)
 
     def _decode(self, chosen: list[int], steps: int = DECODE_STEPS) -> tuple[float, float]:

@@ -53,8 +53,9 @@ PREFILL_QUANTILES = (0.05, 0.35, 0.7, 0.95)
 """Quantiles of the prompt lengths whose prefill each pass times."""
 MAX_ANCHORS = 4
 """Batch occupancies whose decode step each pass times, at most."""
-HEADROOM = 64
-"""Positions a state slot keeps free for the decode steps that advance it between refreshes."""
+HEADROOM = 512
+"""Positions a state slot keeps free, at most, for the decode steps that advance it between
+refills (an eighth of a slot's positions when that is less)."""
 
 
 @dataclass
@@ -224,7 +225,7 @@ def plan(workload: Workload, slots: int | None = None, max_seq_len: int | None =
     )
     shift = (mean_total - sum(spread)) / full
     positions = max_seq_len or workload.max_tokens
-    limit = max(1, positions - min(HEADROOM, positions // 4))
+    limit = max(1, positions - min(HEADROOM, positions // 8))
     homes = tuple(sorted(min(limit, max(1, round(c + shift))) for c in spread))
     occupancy = sorted(rows for rows, _ in steps)
     chosen = sorted({occupancy[0], occupancy[-1], *(_quantile(occupancy, q) for q in (1 / 3, 2 / 3))})
