@@ -267,7 +267,8 @@ def _sweep(
         p = _point(supervisor.run(build_dir, description="exhaustive", against=against), config)
         p["vsAnchor"], p["speedup"] = p["speedup"], p["speedup"] and p["speedup"] * anchor_gain
         print(
-            f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}",
+            f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}"
+            + (f" ({p['error']})" if p.get("error") else ""),
             file=sys.stderr,
         )
         swept.append(p)
