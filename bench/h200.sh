@@ -92,6 +92,17 @@ print(";".join(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" fo
         [ -n "$KEPT" ] && python3 bench/fidelity.py --model llama-8b --device cuda --dtype bfloat16 \
             --shapes "bench/shapes/$s.yaml" --builds "$KEPT" --full-passes 1 \
             --out "$OUT/fidelity-llama-8b-$s-kept-$DATE.json" >/dev/null
+        # The peers at the shape: batch decode at its concurrency and its full-batch steps' mean context.
+        read -r C CTX < <(python3 -c '
+import statistics, sys
+from polymorph.contract.steps import plan
+from polymorph.contract.workload import read_workload
+w = read_workload(sys.argv[1])[0]
+print(w.concurrency, round(statistics.fmean(plan(w).homes)))
+' "bench/shapes/$s.yaml")
+        python3 bench/decode.py --models llama-8b --batches "$C" --compiled-batches "$C" --hf-batches "$C" \
+            --engines polymorph,compiled-peer,hf-compiled --prompt "$CTX" --steps 128 \
+            --knobs "${KEPT%%;*}" --budget-s 240 --json --out "$OUT/decode-llama-8b-$s-$DATE.json" >/dev/null
     done
     ;;
 *)
