@@ -20,7 +20,6 @@ It knows nothing about verification, pairing or processes.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,7 +70,7 @@ class SampledPass:
         self.shape = shape
         self.device = torch.device(device)
         self.clock = clock
-        self.rng = random.Random(seed)
+        self.rng = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
         self.cache: Any = None
         self.lengths = [0] * shape[0]
@@ -79,7 +78,7 @@ class SampledPass:
         self.spare = len(plan.homes) if len(plan.homes) < shape[0] else None
 
     def _prompt(self, n: int) -> torch.Tensor:
-        return torch.tensor([self.rng.randrange(self.vocab_size) for _ in range(n)], dtype=torch.int64)
+        return torch.randint(self.vocab_size, (n,), generator=self.rng, dtype=torch.int64)
 
     def _prefill(self, slot: int, n: int) -> float:
         """Fill ``slot`` with a prompt of ``n`` tokens; the seconds it took, first token read back."""
