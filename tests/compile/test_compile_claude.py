@@ -26,6 +26,7 @@ from pairing_support import paired
 from polymorph.compile.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths
+from polymorph.contract import timeouts
 from polymorph.contract.api import Budget, ExperimentRecord, Figures, Verification
 from polymorph.contract.api.common import Histogram, WorkloadProfile
 from polymorph.contract.builds import read_build
@@ -240,7 +241,9 @@ def test_persistent_api_failure_ends_the_campaign_cleanly(
     key = "sk-ant-test-" + secrets.token_hex(8)
     with FakeAnthropic(key, lambda req, n: error(529, "overloaded_error", "Overloaded")) as api:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        out = _campaign(tmp_path).run(ClaudeAgent(api_key=key, max_retries=2))
+        out = _campaign(tmp_path).run(
+            ClaudeAgent(api_key=key, limits=timeouts.Limits(connect_s=5, read_s=30, attempts=3))
+        )
     assert len(api.requests) == 3  # the first try and two retries
     assert out.stopReason == "agentError" and "HTTP 529" in out.message and key not in out.message
     assert out.result.baseline is not None and out.result.state == "noImprovement"

@@ -21,6 +21,7 @@ from urllib.parse import quote, urlencode
 import kubernetes
 import urllib3
 
+from polymorph.contract import timeouts
 from polymorph.contract.api import API_VERSION
 
 __all__ = [
@@ -117,24 +118,36 @@ class KubeClient:
     """Blocking REST calls through the kubernetes package's ApiClient (auth, TLS, pooling)."""
 
     def __init__(
-        self, configuration: kubernetes.client.Configuration | None = None, timeout: float = 30.0
+        self,
+        configuration: kubernetes.client.Configuration | None = None,
+        timeout: float | None = None,
+        limits: timeouts.Limits = timeouts.KUBE,
     ) -> None:
-        self._api = kubernetes.client.ApiClient(configuration or load_configuration())
-        self._timeout = timeout
+        """Every call is bounded by ``limits`` (``polymorph.contract.timeouts``); ``timeout``, when
+        given (the plugin's ``--request-timeout``), replaces its read timeout."""
+        configuration = configuration or load_configuration()
+        # The pool's retries (urllib3 tries 4 times by default: minutes against a server that never answers).
+        configuration.retries = urllib3.Retry(total=limits.retries, backoff_factor=0.2, raise_on_status=False)
+        self._api = kubernetes.client.ApiClient(configuration)
+        self._timeout = (limits.connect_s, limits.read_s if timeout is None else timeout)
+        self._tries = limits.attempts
 
     @property
     def host(self) -> str:
         """The API server's URL, as the configuration names it."""
         return str(self._api.configuration.host)
 
-    def probe(self, timeout: float = 5.0) -> None:
+    def probe(self, limits: timeouts.Limits = timeouts.PROBE) -> None:
         """Ask the API server for its ``/version`` once, without retries; ``KubeError`` naming the
         server when it does not answer (the operator checks this before it starts, so an
         unreachable server is one line at once, not a minute of retries)."""
         url = self.host.rstrip("/") + "/version"
         try:
             response = self._api.rest_client.pool_manager.request(
-                "GET", url, timeout=urllib3.Timeout(connect=timeout, read=timeout), retries=False
+                "GET",
+                url,
+                timeout=urllib3.Timeout(connect=limits.connect_s, read=limits.read_s),
+                retries=False,
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             reason = getattr(exc, "reason", None) or exc
@@ -158,7 +171,10 @@ class KubeClient:
             )
             response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, f"the Kubernetes API is unreachable: {type(exc).__name__}: {exc}") from None
+            raise KubeError(
+                0,
+                f"the Kubernetes API server {self.host} is unreachable: {_why(exc, self._timeout, self._tries)}",
+            ) from None
         raw = response.data or b"{}"
         if response.status >= 400:
             try:
@@ -205,6 +221,17 @@ class KubeClient:
                 return False
             raise
         return True
+
+
+def _why(exc: BaseException, timeout: tuple[float, float], tries: int) -> str:
+    """Why a call got no answer, in a few words: a timeout says which and how long, after how many tries."""
+    reason: object = getattr(exc, "reason", None) or exc
+    tried = "1 try" if tries == 1 else f"{tries} tries"
+    if isinstance(reason, urllib3.exceptions.ReadTimeoutError):
+        return f"no answer within {timeout[1]:g} s ({tried})"
+    if isinstance(reason, urllib3.exceptions.ConnectTimeoutError):
+        return f"no connection within {timeout[0]:g} s ({tried})"
+    return f"{type(exc).__name__}: {_short(reason)}"
 
 
 def _short(reason: object) -> str:

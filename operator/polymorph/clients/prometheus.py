@@ -19,6 +19,7 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from polymorph.contract import timeouts
 from polymorph.core.promql import Series
 
 __all__ = ["CountingQuery", "PrometheusQuery", "PrometheusUnavailable", "Query"]
@@ -56,18 +57,20 @@ def _parse(result: Any) -> list[Series]:
 class PrometheusQuery:
     """Instant queries against a Prometheus server's HTTP API."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, limits: timeouts.Limits = timeouts.PROMETHEUS) -> None:
         self.url = url.rstrip("/")
-        # One quick retry: a cycle that gets no answer makes no decision, and the next cycle asks again.
-        retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        # A quick retry at most: a cycle that gets no answer makes no decision, and the next cycle asks again.
+        retry = Retry(total=limits.retries, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        # requests takes (connect, read); prometheus_api_client passes its timeout through as it is.
+        timeout: Any = (limits.connect_s, limits.read_s)
         self._client = PrometheusConnect(url=self.url, disable_ssl=False, timeout=timeout, retry=retry)
 
-    def probe(self, timeout: float = 5.0) -> None:
+    def probe(self, limits: timeouts.Limits = timeouts.PROBE) -> None:
         """Ask Prometheus for its build info once, without retries; ``PrometheusUnavailable``
         naming the server when it does not answer as Prometheus does (checked at start-up)."""
         url = f"{self.url}/api/v1/status/buildinfo"
         try:
-            response = requests.get(url, timeout=timeout)
+            response = requests.get(url, timeout=(limits.connect_s, limits.read_s))
             ok = response.status_code == 200 and response.json().get("status") == "success"
         except requests.RequestException as exc:
             raise PrometheusUnavailable(

@@ -80,7 +80,7 @@ def configure_logging(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiohttp.access", "urllib3", "kubernetes"):
+    for noisy in ("aiohttp.access", "urllib3", "kubernetes", "botocore", "boto3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if level != "debug":
         # kopf logs every successful timer run; our handlers log their decisions themselves.

@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 import kopf
 
+from polymorph.contract import timeouts
 from polymorph.contract.api import (
     API_VERSION,
     TERMINAL_PHASES,
@@ -54,9 +55,14 @@ def kopf_settings(ctx: Context) -> kopf.OperatorSettings:
     )
     settings.persistence.finalizer = "polymorph.dev/operator"
     settings.posting.level = logging.CRITICAL + 1  # Events only for decisions, never for log lines
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.networking.request_timeout = 60
+    # Every call kopf makes is bounded by polymorph.contract.timeouts, as the operator's own clients are.
+    limits = timeouts.KUBE_WATCH
+    settings.watching.server_timeout = timeouts.WATCH_SERVER_S
+    settings.watching.client_timeout = timeouts.WATCH_SERVER_S + limits.read_s / 2
+    settings.watching.connect_timeout = limits.connect_s
+    settings.networking.connect_timeout = limits.connect_s
+    settings.networking.request_timeout = limits.read_s
+    settings.networking.error_backoffs = tuple(min(2**i, 10) for i in range(limits.retries))
     settings.execution.max_workers = 8
     settings.peering.standalone = ctx.config.standalone
     settings.peering.name = ctx.config.peering

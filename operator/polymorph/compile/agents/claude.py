@@ -51,6 +51,7 @@ from polymorph.compile.agents.claude_context import (
     safe_path,
     system_prompt,
 )
+from polymorph.contract import timeouts
 from polymorph.contract.api.build import TokenUsage
 from polymorph.contract.errors import StoreError, UsageError
 
@@ -104,16 +105,14 @@ class ClaudeAgent:
         model: str = "claude-sonnet-4-5",
         instructions: str = "",
         max_tokens: int = 2_000_000,
-        max_retries: int = 4,
-        timeout: float = 300.0,
+        limits: timeouts.Limits = timeouts.ANTHROPIC,
         turn_max_tokens: int = 8192,
     ) -> None:
         self._api_key = api_key
         self.model = model
         self.instructions = instructions
         self.max_tokens = max_tokens
-        self.max_retries = max_retries
-        self.timeout = timeout
+        self.limits = limits
         self.turn_max_tokens = turn_max_tokens
         self.used = TokenUsage()
         self._pending = TokenUsage()
@@ -122,14 +121,22 @@ class ClaudeAgent:
     def __repr__(self) -> str:  # never show the key
         return f"ClaudeAgent(model={self.model!r})"
 
+    def client(self) -> Any:
+        """The SDK's client: each call bounded by ``self.limits`` (``polymorph.contract.timeouts``)."""
+        import anthropic  # lazy: the optional `agent` extra; only a Claude campaign needs the SDK
+
+        return anthropic.Anthropic(
+            api_key=self._api_key,
+            max_retries=self.limits.retries,
+            timeout=anthropic.Timeout(self.limits.read_s, connect=self.limits.connect_s),
+        )
+
     # --- the loop -----------------------------------------------------------------------------
 
     def run(self, ctx: CampaignContext) -> str:
         import anthropic  # lazy: the optional `agent` extra; only a Claude campaign needs the SDK
 
-        client = anthropic.Anthropic(
-            api_key=self._api_key, max_retries=self.max_retries, timeout=self.timeout
-        )
+        client = self.client()
         self.used = ctx.token_usage()
         work = Path(ctx.workdir) / "claude-working-copy"
         shutil.copytree(ctx.best_dir(), work, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -197,11 +204,11 @@ class ClaudeAgent:
             )
         except anthropic.APIStatusError as exc:
             raise AgentError(
-                f"the Anthropic API answered HTTP {exc.status_code} and still failed after {self.max_retries} retries"
+                f"the Anthropic API answered HTTP {exc.status_code} and still failed after {self.limits.retries} retries"
             ) from None
         except anthropic.APIConnectionError:
             raise AgentError(
-                f"the Anthropic API could not be reached after {self.max_retries} retries"
+                f"the Anthropic API could not be reached after {self.limits.retries} retries"
             ) from None
 
     def _add(self, usage: TokenUsage) -> None:

@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
+from polymorph.contract import timeouts
 from polymorph.contract.errors import StoreError, UsageError
 from polymorph.contract.store.archive import (
     MAX_BUILD_BYTES,
@@ -124,9 +125,12 @@ def check_writable(
     is a one-line ``UsageError`` naming ``flag`` now, not after a model loaded or a trace was lost."""
     key = f"{prefix.rstrip('/')}/.probe-{secrets.token_hex(6)}"
     where = uri or store.uri
+    # One brief try (timeouts.PROBE), as the operator probes the API server and Prometheus: an
+    # endpoint that accepts and never answers is this sentence in seconds, not minutes of retries.
+    probe = store.with_limits(timeouts.PROBE) if isinstance(store, S3Store) else store
     try:
-        store.put_bytes(key, b"")
-        store.delete(key)
+        probe.put_bytes(key, b"")
+        probe.delete(key)
     except StoreError as exc:
         raise UsageError(f"{flag} {where} is not usable: {exc}") from None
     except OSError as exc:

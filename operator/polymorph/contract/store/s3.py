@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from polymorph.contract import timeouts
 from polymorph.contract.errors import StoreError
 from polymorph.contract.store.base import JsonRecord, KeyNotFound, Store, complete_lines, encode_jsonl
 from polymorph.contract.store.layout import check_key, check_prefix
@@ -33,6 +34,10 @@ __all__ = ["S3Store"]
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
+def _tries(attempts: int) -> str:
+    return "1 try" if attempts == 1 else f"{attempts} tries"
+
+
 class S3Store(Store):
     """A store in ``s3://bucket/prefix``. The bucket must exist; the store never creates it."""
 
@@ -44,8 +49,10 @@ class S3Store(Store):
         region: str | None = None,
         *,
         session: Session | None = None,
+        limits: timeouts.Limits = timeouts.S3,
     ) -> None:
-        """``session`` lets callers that open many stores share one boto3 session (clients are cheaper then)."""
+        """``session`` lets callers that open many stores share one boto3 session (clients are cheaper
+        then); ``limits`` bound every call (``polymorph.contract.timeouts``)."""
         import boto3  # imported here so that local-only users never pay for it
         from botocore.config import Config
 
@@ -58,14 +65,23 @@ class S3Store(Store):
         self.endpoint_url = endpoint_url
         self.region = region
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.limits = limits
+        self._session = session or boto3.session.Session()
         config = Config(
-            retries={"max_attempts": 3, "mode": "standard"},
-            connect_timeout=10,
-            read_timeout=60,
+            # total_max_attempts counts the first try (botocore's max_attempts does not).
+            retries={"total_max_attempts": limits.attempts, "mode": "standard"},
+            connect_timeout=limits.connect_s,
+            read_timeout=limits.read_s,
             s3={"addressing_style": "path"} if endpoint_url else {},
         )
-        self._client: S3Client = (session or boto3.session.Session()).client(
+        self._client: S3Client = self._session.client(
             "s3", endpoint_url=endpoint_url, region_name=region, config=config
+        )
+
+    def with_limits(self, limits: timeouts.Limits) -> S3Store:
+        """The same store through a client with other limits (a start-up probe tries once, briefly)."""
+        return S3Store(
+            self.bucket, self.prefix, self.endpoint_url, self.region, session=self._session, limits=limits
         )
 
     def _key(self, key: str) -> str:
@@ -81,8 +97,10 @@ class S3Store(Store):
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
+            ConnectTimeoutError,
             EndpointConnectionError,
             NoCredentialsError,
+            ReadTimeoutError,
         )
 
         where = self.uri_for(key) if key else self.uri
@@ -108,11 +126,24 @@ class S3Store(Store):
             raise StoreError(
                 f"no AWS credentials found for store {self.uri}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or an AWS profile"
             ) from None
+        except ReadTimeoutError:
+            raise StoreError(
+                f"the S3 endpoint {self._endpoint()} accepted the connection but did not answer "
+                f"within {self.limits.read_s:g} s ({_tries(self.limits.attempts)}) to {action} {where}"
+            ) from None
+        except ConnectTimeoutError:
+            raise StoreError(
+                f"the S3 endpoint {self._endpoint()} did not accept a connection "
+                f"within {self.limits.connect_s:g} s ({_tries(self.limits.attempts)}) to {action} {where}"
+            ) from None
         except EndpointConnectionError:
-            endpoint = self.endpoint_url or "the default AWS endpoint"
+            endpoint = self._endpoint()
             raise StoreError(f"cannot reach the S3 endpoint {endpoint} to {action} {where}") from None
         except BotoCoreError as exc:
             raise StoreError(f"S3 failed to {action} {where}: {exc}") from None
+
+    def _endpoint(self) -> str:
+        return self.endpoint_url or "the default AWS endpoint"
 
     def put_bytes(self, key: str, data: bytes) -> None:
         with self._errors("write", key):
