@@ -181,15 +181,15 @@ def test_streaming_completion_ends_with_done(served: tuple[EngineServer, Complet
         (b'{"prompt": ""}', "prompt"),
         (b'{"prompt": 5}', "prompt"),
         (b'{"prompt": [1, 9999]}', "prompt"),
-        (b'{"prompt": ["a", "b"]}', "prompt"),
+        (b'{"prompt": ["a", ""]}', "prompt"),  # one of several prompts empty
         (b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
         (b'{"prompt": "a", "max_tokens": 64}', "max_tokens"),
         (b'{"prompt": "a", "max_tokens": "5"}', "max_tokens"),
         (b'{"prompt": "' + b"x" * 64 + b'"}', "prompt"),
         (b'{"prompt": "a", "stop": [1]}', "stop"),
         (b'{"prompt": "a", "stream": "yes"}', "stream"),
-        (b'{"prompt": "a", "n": 2}', "n"),
-        (b'{"prompt": "a", "echo": true}', "echo"),
+        (b'{"prompt": "a", "n": 0}', "n"),
+        (b'{"prompt": "a", "echo": true, "logprobs": 1}', "echo"),
     ],
 )
 def test_bad_requests_get_openai_400(

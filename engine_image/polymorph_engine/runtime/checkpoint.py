@@ -179,7 +179,10 @@ def _load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> Lo
             raise UsageError(
                 f"checkpoint {path}: weight {name!r} has shape {tuple(weights[name].shape)}, config.json implies {shape}."
             )
-    tokenizer = load_tokenizer(path, config.eos_token_id)
+    try:
+        tokenizer = load_tokenizer(path, config.eos_token_id)
+    except ValueError as exc:  # a malformed tokenizer_config.json or generation_config.json
+        raise UsageError(f"checkpoint {path}: {exc}") from None
     if tokenizer is None:
         raise UsageError(f"checkpoint {path} has no tokenizer.json.")
     return LoadedModel(config, {k: weights[k] for k in expected}, tokenizer, device, dtype, str(path))

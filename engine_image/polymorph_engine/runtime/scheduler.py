@@ -7,7 +7,9 @@ Owns: the waiting queue, slot assignment, and the step loop. Each ``step()``:
   3. runs one batched decode over every request that was already running, emitting one
      token each.
 A request with ``sampling`` has its tokens drawn by a ``sampling.Sampler`` from its row of the
-logits; every other request gets the build's greedy ``sample``.
+logits; every other request gets the build's greedy ``sample``. A request with ``logprobs`` k
+also gets, in ``token_logprobs``, each token's log probability and the k most likely tokens'
+(from its row of the logits, before temperature and top-p), computed for that request alone.
 A request leaves (its slot is freed) as soon as it finishes: ``max_new_tokens`` reached,
 ``eos_id`` produced (``finish_reason="stop"``), or its sequence filled ``max_seq_len``
 (``finish_reason="length"`` in both length cases).
@@ -36,9 +38,11 @@ import torch
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.sampling import Sampler, Sampling
 
-__all__ = ["FinishReason", "Request", "Scheduler"]
+__all__ = ["FinishReason", "Request", "Scheduler", "TokenLogprob"]
 
 FinishReason = Literal["stop", "length", "cancelled"]
+TokenLogprob = tuple[float, tuple[tuple[int, float], ...]]
+"""A token's log probability, and the (id, log probability) of the most likely tokens, best first."""
 _ids = itertools.count()
 
 
@@ -54,8 +58,11 @@ class Request:
     stop_at_eos: bool = True
     sampling: Sampling | None = None
     """None: greedy, the build's ``sample`` (verification and benchmarks); else drawn by a ``Sampler``."""
+    logprobs: int | None = None
+    """None: no log probabilities; k: each token's and the k most likely tokens' (``token_logprobs``)."""
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     output: list[int] = field(default_factory=list)
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     slot: int | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
@@ -167,6 +174,8 @@ class Scheduler:
                 token = request._sampler.draw(logits)
             else:
                 token = int(self.hotpath.sample(logits.unsqueeze(0))[0].item())
+            if request.logprobs is not None:
+                request.token_logprobs.append(_logprob(logits, token, request.logprobs))
             events.append((request, token))
             self._emit(request, token)
         if previously_running:
@@ -181,6 +190,9 @@ class Scheduler:
             for i, request in enumerate(previously_running):
                 if request._sampler is not None:  # a sampled request: its own row, its own generator
                     tokens[i] = request._sampler.draw(logits[i])
+            for i, request in enumerate(previously_running):
+                if request.logprobs is not None:
+                    request.token_logprobs.append(_logprob(logits[i], tokens[i], request.logprobs))
             for request, token in zip(previously_running, tokens, strict=True):
                 events.append((request, int(token)))
                 self._emit(request, int(token))
@@ -217,3 +229,11 @@ class Scheduler:
         self._free.append(request.slot)
         self._running.remove(request)
         request.finish_reason = reason
+
+
+def _logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """``token``'s log probability under ``logits`` [V], and the ``k`` most likely tokens'."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [V]
+    top = torch.topk(logp, k) if k > 0 else None
+    best = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
+    return float(logp[token]), best

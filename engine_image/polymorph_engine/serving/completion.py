@@ -3,7 +3,8 @@
 ``Completion(service, params)`` admits one request (a refusal raises ``RequestError`` at once,
 before any response starts), and ``Completion.deltas()`` yields its text deltas (stop strings
 applied) on the asyncio loop that admitted it, fills ``finish_reason`` and
-``completion_tokens``, and records the request in the metrics and the traffic trace (lengths
+``completion_tokens`` (and ``logprobs``, one entry per text token, when the request asked for
+them: a stream's consumer reads the entries added since its last delta), and records the request in the metrics and the traffic trace (lengths
 and timing, never content). Closing the iterator early, or cancelling the task awaiting it,
 cancels the request; ``abandon()`` does the same for one whose ``deltas()`` never started.
 
@@ -30,6 +31,7 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from typing import Literal
 
+from polymorph_engine.runtime.scheduler import TokenLogprob
 from polymorph_engine.serving.events import Event, Failed, Token
 from polymorph_engine.serving.metrics import RequestObservation
 from polymorph_engine.serving.openai_api import CompletionParams, RequestError, stop_scan
@@ -97,10 +99,19 @@ class Completion:
         self.params = params
         self.finish_reason: str | None = None
         self.completion_tokens = 0
+        self.logprobs: list[tuple[int, TokenLogprob]] = []
+        """(token, its log probability and the top ones) for each text token, when asked for."""
         self.arrival = time.monotonic()
         # Text is read before the end only to stream it or to look for a stop string.
         self._inbox = _Inbox(asyncio.get_running_loop(), eager=bool(params.stream or params.stop))
-        self._job = service.submit(params.prompt_ids, params.max_tokens, self._inbox.put, params.sampling)
+        self._job = service.submit(
+            params.prompt_ids,
+            params.max_tokens,
+            self._inbox.put,
+            params.sampling,
+            logprobs=params.logprobs,
+            stop_ids=params.stop_ids,
+        )
         service.metrics.request_started()
 
     def abandon(self) -> None:
@@ -121,7 +132,8 @@ class Completion:
     async def deltas(self) -> AsyncGenerator[str, None]:
         """Yield text deltas; raise a 500 ``RequestError`` when the engine fails this request."""
         service, params = self.service, self.params
-        ids: list[int] = []  # generated ids that are text (EOS excluded)
+        ids: list[int] = []  # generated ids that are text (EOS and end-of-turn ids excluded)
+        ends = {service.eos_id, *params.stop_ids}
         times: list[float] = []
         sent = 0
         status: Literal["ok", "error", "cancelled"] = "cancelled"
@@ -134,8 +146,10 @@ class Completion:
                     raise RequestError(event.message, status=500, code=event.reason, counted=True)
                 if isinstance(event, Token):
                     times.append(event.at)
-                    if event.token != service.eos_id:
+                    if event.token not in ends:
                         ids.append(event.token)
+                        if event.logprob is not None:
+                            self.logprobs.append((event.token, event.logprob))
                     if not (params.stream or params.stop):
                         continue  # nothing to show or check before the end: decode once, then
                     text = service.tokenizer.decode(ids)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from polymorph_engine.runtime.scheduler import TokenLogprob
+
 __all__ = ["Event", "Failed", "Finished", "Sink", "Token"]
 
 
@@ -16,6 +18,8 @@ __all__ = ["Event", "Failed", "Finished", "Sink", "Token"]
 class Token:
     token: int
     at: float
+    logprob: TokenLogprob | None = None
+    """Its log probability and the most likely tokens', when the request asked for them."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""OpenAI ``/v1/completions`` request bodies as pydantic models, their validation, and the error shape.
+"""OpenAI ``/v1/completions`` and ``/v1/chat/completions`` request bodies as pydantic models, their
+validation, and the error shape.
 
 Contract:
 - ``CompletionRequest`` is the wire model of a completions body. It is parsed straight from
@@ -8,16 +9,29 @@ Contract:
   at a value other than its neutral one (``presence_penalty`` 0, ``best_of`` 1, ...), is a 400
   naming it. A JSON string holding half of a UTF-16 surrogate pair (``"\\ud800"``) is a 400
   saying so.
-- ``parse_completion_request(body, ...)`` turns a body into a ``CompletionParams`` or raises
+- ``parse_completion_request(body, ...)`` turns a completions body into its choices (one
+  ``CompletionParams`` per sequence to generate: prompt-major, ``n`` per prompt) or raises
   ``RequestError`` naming the offending field (``param``) in one sentence. Decoding is greedy
   unless ``temperature`` > 0 (at most 2): then tokens are sampled, within ``top_p`` (0 < p <= 1)
-  and from ``seed`` when given (``polymorph_engine.runtime.sampling``). Unlike OpenAI's default
-  of 1, an absent ``temperature`` is 0, greedy: what the engine serves is then what
-  verification checked. ``n`` and ``best_of`` must be 1; ``logprobs``, ``echo``, ``suffix``,
-  ``logit_bias`` and nonzero penalties are not supported; ``user`` is accepted (OpenAI's label
-  for the caller; it changes no output). ``prompt`` is a string
-  (tokenised) or a list of token ids (or a one-element list of either); ``max_tokens``
-  defaults to 16; ``stop`` is a string or up to 4 strings.
+  and from ``seed`` when given (choice j of a request draws from ``seed + j``;
+  ``polymorph_engine.runtime.sampling``). Unlike OpenAI's default of 1, an absent
+  ``temperature`` is 0, greedy: what the engine serves is then what verification checked.
+  ``n`` is 1 to ``MAX_N`` (``best_of`` must be 1 or n); ``logprobs`` is 0 to ``MAX_LOGPROBS``
+  (the chosen token's log probability and that many top ones, from the model's distribution
+  before temperature and top_p); ``echo`` puts the prompt before the completion (not with
+  logprobs: prompt tokens' log probabilities are not computed); ``suffix``, ``logit_bias``
+  and nonzero penalties are not supported; ``user`` is accepted (OpenAI's label for the
+  caller; it changes no output). ``prompt`` is a string (tokenised), a list of token ids, or a
+  list of up to ``MAX_PROMPTS`` of either; ``max_tokens`` defaults to 16; ``stop`` is a string
+  or up to 4 strings.
+- ``parse_chat_request(body, render, ...)`` does the same for a chat body: ``messages`` are
+  checked and rendered by ``render`` (``serving.chat``), and the rendered text is the prompt
+  (its length is the prompt length everywhere); generation also stops at the template's
+  end-of-turn ids. ``max_completion_tokens`` (or the older ``max_tokens``) defaults to the
+  rest of the sequence; ``logprobs`` is true or false and ``top_logprobs`` 0 to
+  ``MAX_LOGPROBS``. Tools, structured output and the other fields this engine does not
+  implement are a 400 naming the field unless they hold their neutral value (``tools: []``,
+  ``response_format: {"type": "text"}``, ``store: false``, ...).
 - ``parse_body(model, body)`` does the same for any other body model (the sandbox admin's).
 - ``RequestError.body()`` is the OpenAI-shaped JSON error; ``status`` is the HTTP status,
   ``code`` the machine-readable reason (also the ``reason`` label of the request counter) and
@@ -32,7 +46,7 @@ computes. It needs of a tokenizer only ``TextTokenizer``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -43,25 +57,35 @@ from polymorph_engine.runtime.sampling import MAX_TEMPERATURE, Sampling
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "MAX_LOGPROBS",
+    "MAX_N",
+    "MAX_PROMPTS",
     "MAX_STOP_SEQUENCES",
+    "ChatCompletionRequest",
     "CompletionParams",
     "CompletionRequest",
     "RequestError",
     "StreamOptions",
     "TextTokenizer",
     "parse_body",
+    "parse_chat_request",
     "parse_completion_request",
     "stop_scan",
 ]
 
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP_SEQUENCES = 4
+MAX_N = 16
+"""The most choices one request may ask for (each is a sequence the engine admits)."""
+MAX_PROMPTS = 64
+"""The most prompts one completions request may carry."""
+MAX_LOGPROBS = 20
 
 
 class TextTokenizer(Protocol):
     """What the server needs of a tokenizer."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -128,9 +152,53 @@ class CompletionRequest(BaseModel):
     user: str | None = None
 
 
+class ChatCompletionRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions`` as OpenAI defines it (the fields this engine reads).
+
+    ``messages`` is checked by ``serving.chat`` (its sentences name the message and part); the
+    fields typed ``Any`` are ones this engine does not implement, refused unless neutral.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    messages: Any = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
 @dataclass(frozen=True)
 class CompletionParams:
-    """A validated completion request."""
+    """One validated sequence to generate (a request asks for one or more)."""
 
     prompt_ids: tuple[int, ...]
     max_tokens: int
@@ -140,6 +208,16 @@ class CompletionParams:
     model: str
     sampling: Sampling | None = None
     """None: greedy decoding (``temperature`` absent or 0)."""
+    stop_ids: tuple[int, ...] = ()
+    """Ids that end the turn besides the engine's EOS (a chat template's end-of-turn tokens)."""
+    logprobs: int | None = None
+    """None: no log probabilities; k: the chosen token's and the k most likely ones'."""
+    echo: str | None = None
+    """Text that goes before the completion (``echo``: the prompt)."""
+    index: int = 0
+    """The choice's index in the response."""
+    prompt_index: int = 0
+    """Which of the request's prompts it continues (usage counts each prompt once)."""
 
 
 MAX_SEED = 2**63 - 1
@@ -153,18 +231,56 @@ _FIELD_WORDS = {
     "stop": f"stop must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
     "stream": "stream must be true or false",
     "stream_options": 'stream_options must be an object like {"include_usage": true}',
-    "n": "n must be 1 (one completion per request)",
-    "logprobs": "logprobs is not supported by this engine; leave it out",
-    "echo": "echo is not supported by this engine; leave it out or set it to false",
+    "n": f"n must be an integer from 1 to {MAX_N}",
+    "logprobs": f"logprobs must be an integer from 0 to {MAX_LOGPROBS}",
+    "echo": "echo must be true or false",
     "temperature": f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (0, the default here, is greedy)",
     "top_p": "top_p must be a number > 0 and <= 1",
     "seed": f"seed must be an integer from 0 to {MAX_SEED}",
-    "best_of": "best_of must be 1 (one completion per request)",
+    "best_of": "best_of must be 1 or equal to n (this engine returns every sequence it generates)",
     "presence_penalty": "presence_penalty is not supported by this engine; leave it out or set it to 0",
     "frequency_penalty": "frequency_penalty is not supported by this engine; leave it out or set it to 0",
     "logit_bias": "logit_bias is not supported by this engine; leave it out",
     "suffix": "suffix is not supported by this engine; leave it out",
     "user": "user must be a string",
+}
+
+_UNSUPPORTED = "is not supported by this engine; leave it out"
+_CHAT_WORDS = {
+    "model": _FIELD_WORDS["model"],
+    "messages": 'messages must be a non-empty list of messages like {"role": "user", "content": "Hi"}',
+    "max_tokens": _FIELD_WORDS["max_tokens"],
+    "max_completion_tokens": "max_completion_tokens must be a positive integer",
+    "stop": _FIELD_WORDS["stop"],
+    "stream": _FIELD_WORDS["stream"],
+    "stream_options": _FIELD_WORDS["stream_options"],
+    "temperature": _FIELD_WORDS["temperature"],
+    "top_p": _FIELD_WORDS["top_p"],
+    "seed": _FIELD_WORDS["seed"],
+    "n": _FIELD_WORDS["n"],
+    "logprobs": "logprobs must be true or false",
+    "top_logprobs": f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}, with logprobs true",
+    "presence_penalty": _FIELD_WORDS["presence_penalty"],
+    "frequency_penalty": _FIELD_WORDS["frequency_penalty"],
+    "logit_bias": _FIELD_WORDS["logit_bias"],
+    "user": _FIELD_WORDS["user"],
+    "store": "store is not supported by this engine (it keeps no completions); leave it out or set it to false",
+    "metadata": "metadata must be an object of strings (it is kept only with store, which is not supported)",
+    "service_tier": 'service_tier is not supported by this engine; leave it out or set it to "auto"',
+    "tools": f"tools {_UNSUPPORTED} (no tool calling)",
+    "tool_choice": f'tool_choice {_UNSUPPORTED} or set it to "none" (no tool calling)',
+    "parallel_tool_calls": f"parallel_tool_calls {_UNSUPPORTED} (no tool calling)",
+    "functions": f"functions {_UNSUPPORTED} (no function calling)",
+    "function_call": f'function_call {_UNSUPPORTED} or set it to "none" (no function calling)',
+    "response_format": f'response_format {_UNSUPPORTED} or set it to {{"type": "text"}} (no structured output)',
+    "modalities": f'modalities {_UNSUPPORTED} or set it to ["text"] (text only)',
+    "audio": f"audio {_UNSUPPORTED} (text only)",
+    "prediction": f"prediction {_UNSUPPORTED}",
+    "reasoning_effort": f"reasoning_effort {_UNSUPPORTED}",
+    "web_search_options": f"web_search_options {_UNSUPPORTED}",
+    "verbosity": f"verbosity {_UNSUPPORTED}",
+    "prompt_cache_key": "prompt_cache_key must be a string",
+    "safety_identifier": "safety_identifier must be a string",
 }
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -213,17 +329,8 @@ def parse_body(model: type[_Body], body: bytes, words: dict[str, str] | None = N
         raise _refusal(exc.errors()[0], words or {}) from None
 
 
-def parse_completion_request(
-    body: bytes,
-    *,
-    tokenizer: TextTokenizer,
-    vocab_size: int,
-    max_seq_len: int,
-    model_names: Sequence[str],
-) -> CompletionParams:
-    """Validate an OpenAI ``/v1/completions`` body; raise ``RequestError`` naming the bad field."""
-    req = parse_body(CompletionRequest, body, _FIELD_WORDS)
-    model = req.model if req.model is not None else model_names[0]
+def _served_model(requested: str | None, model_names: Sequence[str]) -> str:
+    model = requested if requested is not None else model_names[0]
     if model not in model_names:
         raise RequestError(
             f"the model {model[:100]!r} is not served here; use one of: {', '.join(model_names)}.",
@@ -231,37 +338,167 @@ def parse_completion_request(
             status=404,
             code="model_not_found",
         )
-    prompt_ids = _prompt_ids(req.prompt, tokenizer, vocab_size)
+    return model
+
+
+def _check_length(prompt_ids: Sequence[int], max_seq_len: int, param: str) -> None:
     if len(prompt_ids) >= max_seq_len:
         raise RequestError(
             f"the prompt has {len(prompt_ids)} tokens but this engine holds at most {max_seq_len} tokens per "
             f"sequence, so prompts must be shorter than {max_seq_len} tokens.",
-            param="prompt",
+            param=param,
             code="context_length_exceeded",
         )
-    max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-    room = max_seq_len - len(prompt_ids)
+
+
+def _max_tokens(value: int | None, default: int, prompt_len: int, max_seq_len: int, field: str) -> int:
+    max_tokens = default if value is None else value
+    room = max_seq_len - prompt_len
     if not 1 <= max_tokens <= room:
         raise RequestError(
-            f"max_tokens must be an integer from 1 to {room} for this prompt ({len(prompt_ids)} prompt tokens, "
+            f"{field} must be an integer from 1 to {room} for this prompt ({prompt_len} prompt tokens, "
             f"{max_seq_len} tokens per sequence), got {max_tokens}.",
-            param="max_tokens",
+            param=field,
         )
-    stop = _stop_strings(req.stop)
-    if req.n != 1:
-        raise RequestError(f"{_FIELD_WORDS['n']}, got {req.n}.", param="n")
-    if req.logprobs not in (None, 0):
-        raise RequestError(f"{_FIELD_WORDS['logprobs']}.", param="logprobs")
-    if req.echo:
-        raise RequestError(f"{_FIELD_WORDS['echo']}.", param="echo")
-    _refuse_unsupported(req)
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-    return CompletionParams(
-        tuple(prompt_ids), max_tokens, stop, req.stream, include_usage, model, _sampling(req)
+    return max_tokens
+
+
+def _choice_sampling(sampling: Sampling | None, j: int) -> Sampling | None:
+    """Choice ``j``'s sampling: its own seed, so that n seeded choices differ yet repeat."""
+    if sampling is None or sampling.seed is None or j == 0:
+        return sampling
+    return Sampling(
+        temperature=sampling.temperature, top_p=sampling.top_p, seed=(sampling.seed + j) % MAX_SEED
     )
 
 
-def _sampling(req: CompletionRequest) -> Sampling | None:
+def parse_completion_request(
+    body: bytes,
+    *,
+    tokenizer: TextTokenizer,
+    vocab_size: int,
+    max_seq_len: int,
+    model_names: Sequence[str],
+) -> tuple[CompletionParams, ...]:
+    """Validate an OpenAI ``/v1/completions`` body; raise ``RequestError`` naming the bad field."""
+    req = parse_body(CompletionRequest, body, _FIELD_WORDS)
+    model = _served_model(req.model, model_names)
+    prompts = _prompts(req.prompt, tokenizer, vocab_size)
+    for ids, _ in prompts:
+        _check_length(ids, max_seq_len, "prompt")
+    max_tokens = [
+        _max_tokens(req.max_tokens, DEFAULT_MAX_TOKENS, len(ids), max_seq_len, "max_tokens")
+        for ids, _ in prompts
+    ]
+    stop = _stop_strings(req.stop)
+    if not 1 <= req.n <= MAX_N:
+        raise RequestError(f"{_FIELD_WORDS['n']}, got {str(req.n)[:30]}.", param="n")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise RequestError(f"{_FIELD_WORDS['logprobs']}, got {str(req.logprobs)[:30]}.", param="logprobs")
+    if req.echo and req.logprobs is not None:
+        raise RequestError(
+            "echo with logprobs is not supported by this engine (it does not compute the prompt tokens' log "
+            "probabilities); leave one of them out.",
+            param="echo",
+        )
+    _refuse_unsupported(req)
+    if req.best_of not in (None, 1, req.n):
+        raise RequestError(f"{_FIELD_WORDS['best_of']}.", param="best_of")
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    sampling = _sampling(req)
+    return tuple(
+        CompletionParams(
+            tuple(ids),
+            max_tokens[p],
+            stop,
+            req.stream,
+            include_usage,
+            model,
+            _choice_sampling(sampling, j),
+            logprobs=req.logprobs,
+            echo=text if req.echo else None,
+            index=p * req.n + j,
+            prompt_index=p,
+        )
+        for p, (ids, text) in enumerate(prompts)
+        for j in range(req.n)
+    )
+
+
+def parse_chat_request(
+    body: bytes,
+    *,
+    render: Callable[[Any], str],
+    tokenizer: TextTokenizer,
+    stop_ids: Sequence[int],
+    max_seq_len: int,
+    model_names: Sequence[str],
+) -> tuple[CompletionParams, ...]:
+    """Validate an OpenAI ``/v1/chat/completions`` body; ``render`` turns its ``messages`` into the prompt text."""
+    req = parse_body(ChatCompletionRequest, body, _CHAT_WORDS)
+    model = _served_model(req.model, model_names)
+    _refuse_unsupported_chat(req)
+    text = render(req.messages)
+    prompt_ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if not prompt_ids:
+        raise RequestError("the messages render to an empty prompt; send some text.", param="messages")
+    _check_length(prompt_ids, max_seq_len, "messages")
+    room = max_seq_len - len(prompt_ids)
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = _max_tokens(requested, room, len(prompt_ids), max_seq_len, field)
+    stop = _stop_strings(req.stop)
+    if not 1 <= req.n <= MAX_N:
+        raise RequestError(f"{_FIELD_WORDS['n']}, got {str(req.n)[:30]}.", param="n")
+    if req.top_logprobs is not None and not (req.logprobs and 0 <= req.top_logprobs <= MAX_LOGPROBS):
+        raise RequestError(f"{_CHAT_WORDS['top_logprobs']}.", param="top_logprobs")
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    sampling = _sampling(req)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return tuple(
+        CompletionParams(
+            tuple(prompt_ids),
+            max_tokens,
+            stop,
+            req.stream,
+            include_usage,
+            model,
+            _choice_sampling(sampling, j),
+            stop_ids=tuple(stop_ids),
+            logprobs=logprobs,
+            index=j,
+        )
+        for j in range(req.n)
+    )
+
+
+def _refuse_unsupported_chat(req: ChatCompletionRequest) -> None:
+    """A chat field this engine does not implement is refused unless it holds its neutral value."""
+    neutral = {
+        "presence_penalty": req.presence_penalty in (None, 0),
+        "frequency_penalty": req.frequency_penalty in (None, 0),
+        "logit_bias": not req.logit_bias,
+        "store": not req.store,
+        "service_tier": req.service_tier in (None, "auto", "default"),
+        "tools": req.tools in (None, []),
+        "tool_choice": req.tool_choice in (None, "none") or (req.tool_choice == "auto" and not req.tools),
+        "parallel_tool_calls": req.parallel_tool_calls is None or not req.tools,
+        "functions": req.functions in (None, []),
+        "function_call": req.function_call in (None, "none"),
+        "response_format": req.response_format in (None, {"type": "text"}),
+        "modalities": req.modalities in (None, ["text"]),
+        "audio": req.audio is None,
+        "prediction": req.prediction is None,
+        "reasoning_effort": req.reasoning_effort is None,
+        "web_search_options": req.web_search_options is None,
+        "verbosity": req.verbosity is None,
+    }
+    for field, ok in neutral.items():
+        if not ok:
+            raise RequestError(f"{_CHAT_WORDS[field]}.", param=field)
+
+
+def _sampling(req: CompletionRequest | ChatCompletionRequest) -> Sampling | None:
     """The request's ``Sampling``, or None for greedy decoding; ``RequestError`` naming a bad field."""
     temperature = 0.0 if req.temperature is None else req.temperature
     if not (math.isfinite(temperature) and 0 <= temperature <= MAX_TEMPERATURE):
@@ -279,7 +516,6 @@ def _sampling(req: CompletionRequest) -> Sampling | None:
 def _refuse_unsupported(req: CompletionRequest) -> None:
     """A field this engine does not implement is refused unless it holds its neutral value."""
     neutral = {
-        "best_of": req.best_of in (None, 1),
         "presence_penalty": req.presence_penalty in (None, 0),
         "frequency_penalty": req.frequency_penalty in (None, 0),
         "logit_bias": not req.logit_bias,
@@ -290,27 +526,34 @@ def _refuse_unsupported(req: CompletionRequest) -> None:
             raise RequestError(f"{_FIELD_WORDS[field]}.", param=field)
 
 
-def _prompt_ids(prompt: Any, tokenizer: TextTokenizer, vocab_size: int) -> list[int]:
+def _prompts(prompt: Any, tokenizer: TextTokenizer, vocab_size: int) -> list[tuple[list[int], str]]:
+    """Each prompt of ``prompt`` as token ids, with its text (for ``echo``)."""
     if prompt is None:
         raise RequestError("prompt is required: a string or a list of token ids.", param="prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        raise RequestError(
-            "prompt must be a single prompt; batches of several prompts are not supported.", param="prompt"
-        )
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) > MAX_PROMPTS:
+            raise RequestError(
+                f"prompt may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}.", param="prompt"
+            )
+        return [_prompt_ids(p, tokenizer, vocab_size, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_prompt_ids(prompt, tokenizer, vocab_size, "prompt")]
+
+
+def _prompt_ids(prompt: Any, tokenizer: TextTokenizer, vocab_size: int, where: str) -> tuple[list[int], str]:
     if isinstance(prompt, str):
         ids = list(tokenizer.encode(prompt))
+        text = prompt
     else:
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
             raise RequestError(
-                f"prompt token ids must be from 0 to {vocab_size - 1}, got {bad[0]}.", param="prompt"
+                f"{where} token ids must be from 0 to {vocab_size - 1}, got {bad[0]}.", param="prompt"
             )
         ids = list(prompt)
+        text = tokenizer.decode(ids)
     if not ids:
-        raise RequestError("prompt must not be empty.", param="prompt")
-    return ids
+        raise RequestError(f"{where} must not be empty.", param="prompt")
+    return ids, text
 
 
 def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -1,13 +1,20 @@
-"""The engine's HTTP server (aiohttp): OpenAI-compatible completions over one hot path, probes, metrics.
+"""The engine's HTTP server (aiohttp): OpenAI-compatible completions and chat over one hot path, probes,
+metrics.
 
 Contract:
 - ``EngineServer(host, port)`` binds and listens at once (backlog ``BACKLOG``), so a taken or
   forbidden port is an ``OSError`` before any model loads; ``start()`` then serves on a
   background event-loop thread and ``close()`` stops it, letting answers in progress end.
   ``make_server(service, host, port, admin=None)`` does both steps but ``start()``.
-- Routes: ``POST /v1/completions`` (plain JSON, or SSE through aiohttp's ``StreamResponse``
-  ending ``data: [DONE]``), ``GET /v1/models``, ``GET /healthz``, ``GET /readyz`` and
-  ``GET /metrics``. Paths under ``/admin/`` are answered by ``admin`` (sandbox mode, called
+- Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain JSON, or SSE
+  through aiohttp's ``StreamResponse`` ending ``data: [DONE]``), ``GET /v1/models``,
+  ``GET /v1/models/{id}``, ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``.
+- One pipeline for both endpoints: a request is parsed into its choices (``openai_api``; a
+  chat's messages rendered with the checkpoint's template by ``serving.chat``), each choice is
+  a ``Completion`` (admission, metrics, trace: a chat choice counts as a completion whose
+  prompt is the rendered text), and only the response shape differs. A stream sends a chat's
+  role delta first, then each choice's deltas as they come, each choice's finish reason, usage
+  when ``stream_options.include_usage``, then ``[DONE]``. Paths under ``/admin/`` are answered by ``admin`` (sandbox mode, called
   on a worker thread since an experiment takes seconds) and are 404 when it is None.
 - Bodies: at most ``MAX_COMPLETION_BODY`` bytes for completions (``MAX_ADMIN_BODY`` for admin
   calls, which carry build archives), read within ``BODY_TIMEOUT_S``; larger is 413, slower
@@ -48,6 +55,8 @@ from aiohttp import web
 from aiohttp.client_exceptions import ClientPayloadError
 from aiohttp.http_exceptions import HttpProcessingError
 
+from polymorph_engine.runtime.scheduler import TokenLogprob
+from polymorph_engine.serving.chat import chat_messages, render_chat
 from polymorph_engine.serving.completion import Completion
 from polymorph_engine.serving.http import (
     BACKLOG,
@@ -59,7 +68,13 @@ from polymorph_engine.serving.http import (
     json_response,
 )
 from polymorph_engine.serving.metrics import CONTENT_TYPE_LATEST
-from polymorph_engine.serving.openai_api import CompletionParams, RequestError, parse_completion_request
+from polymorph_engine.serving.openai_api import (
+    CompletionParams,
+    RequestError,
+    TextTokenizer,
+    parse_chat_request,
+    parse_completion_request,
+)
 from polymorph_engine.serving.service import CompletionService
 
 __all__ = [
@@ -136,7 +151,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         try:
             return await handler(request)
         except RequestError as err:
-            if request.path == "/v1/completions" and service is not None and not err.counted:
+            if request.path in _GENERATION_PATHS and service is not None and not err.counted:
                 service.metrics.request_refused(err.status, err.reason)
             return error_response(err)
         except web.HTTPNotFound:
@@ -156,7 +171,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         except Exception as exc:  # an engine bug: one line in the log, an OpenAI-shaped 500 to the client
             log.error("%s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
             bug = RequestError(f"the engine failed: {type(exc).__name__}: {exc}", status=500, code="internal")
-            if request.path == "/v1/completions" and service is not None:
+            if request.path in _GENERATION_PATHS and service is not None:
                 service.metrics.request_refused(bug.status, bug.reason)
             return error_response(bug)
 
@@ -190,43 +205,65 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
             body=the_service().metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
+    def model_doc(svc: CompletionService, name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": svc.created,
+            "owned_by": "polymorph",
+            "build": svc.build_id,
+        }
+
     async def models(_: web.Request) -> web.Response:
         svc = the_service()
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": svc.created,
-                "owned_by": "polymorph",
-                "build": svc.build_id,
-            }
-            for name in svc.model_names
-        ]
-        return json_response(200, {"object": "list", "data": data})
+        return json_response(
+            200, {"object": "list", "data": [model_doc(svc, name) for name in svc.model_names]}
+        )
+
+    async def model(request: web.Request) -> web.Response:
+        svc = the_service()
+        name = request.match_info["name"]
+        if name not in svc.model_names:
+            raise RequestError(
+                f"the model {name[:100]!r} is not served here; use one of: {', '.join(svc.model_names)}.",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
+        return json_response(200, model_doc(svc, name))
 
     async def completions(request: web.Request) -> web.StreamResponse:
         svc = the_service()
         body = await _read_body(request, MAX_COMPLETION_BODY)
-        params = parse_completion_request(
+        choices = parse_completion_request(
             body,
             tokenizer=svc.tokenizer,
             vocab_size=svc.vocab_size,
             max_seq_len=svc.max_seq_len,
             model_names=svc.model_names,
         )
-        head = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": params.model,
-        }
-        completion = Completion(svc, params)  # admission: a refusal raises before any answer starts
-        if params.stream:
-            return await _stream(request, completion, head)
-        async with contextlib.aclosing(completion.deltas()) as deltas:
-            text = "".join([d async for d in deltas])
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": completion.finish_reason}
-        return json_response(200, {**head, "choices": [choice], "usage": _usage(params, completion)})
+        return await _answer(request, svc, choices, chat=False)
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        svc = the_service()
+        chat = getattr(svc.tokenizer, "chat_format", None)
+        if chat is None:
+            raise RequestError(
+                "this model's checkpoint has no chat template (no chat_template in tokenizer_config.json and "
+                "no chat_template.jinja); use /v1/completions.",
+                status=404,
+                code="no_chat_template",
+            )
+        body = await _read_body(request, MAX_COMPLETION_BODY)
+        choices = parse_chat_request(
+            body,
+            render=lambda raw: render_chat(chat, chat_messages(raw)),
+            tokenizer=svc.tokenizer,
+            stop_ids=chat.end_of_turn_ids,
+            max_seq_len=svc.max_seq_len,
+            model_names=svc.model_names,
+        )
+        return await _answer(request, svc, choices, chat=True)
 
     async def admin_call(request: web.Request) -> web.Response:
         if admin is None:
@@ -240,54 +277,203 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name}", model)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_route("*", "/admin/{tail:.*}", admin_call)
     return app
 
 
-async def _stream(request: web.Request, completion: Completion, head: dict[str, Any]) -> web.StreamResponse:
-    """SSE: one event per text delta, the finish reason, usage when asked, then ``[DONE]``."""
+_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+async def _answer(
+    request: web.Request, svc: CompletionService, choices: tuple[CompletionParams, ...], *, chat: bool
+) -> web.StreamResponse:
+    """Admit every choice (all or none), then answer as one JSON body or as a stream."""
+    first = choices[0]
+    head = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": first.model,
+    }
+    admitted: list[Completion] = []
+    try:  # admission: a refusal raises before any answer starts
+        for params in choices:
+            admitted.append(Completion(svc, params))
+    except RequestError:
+        for completion in admitted:
+            completion.abandon()
+        raise
+    if first.stream:
+        head["object"] = "chat.completion.chunk" if chat else "text_completion"
+        return await _stream(request, admitted, head, chat)
+    texts = await asyncio.gather(*(_collect(c) for c in admitted), return_exceptions=True)
+    for text in texts:
+        if isinstance(text, BaseException):
+            raise text
+    out = []
+    for completion, text in zip(admitted, texts, strict=True):
+        assert isinstance(text, str)
+        params, lp = completion.params, completion.logprobs
+        if chat:
+            choice: dict[str, Any] = {
+                "index": params.index,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": _chat_logprobs(svc.tokenizer, lp) if params.logprobs is not None else None,
+                "finish_reason": completion.finish_reason,
+            }
+        else:
+            echo = params.echo or ""
+            choice = {
+                "index": params.index,
+                "text": echo + text,
+                "logprobs": _text_logprobs(svc.tokenizer, lp, len(echo))
+                if params.logprobs is not None
+                else None,
+                "finish_reason": completion.finish_reason,
+            }
+        out.append(choice)
+    return json_response(200, {**head, "choices": out, "usage": _usage(admitted)})
+
+
+async def _collect(completion: Completion) -> str:
+    async with contextlib.aclosing(completion.deltas()) as deltas:
+        return "".join([d async for d in deltas])
+
+
+async def _stream(
+    request: web.Request, completions: list[Completion], head: dict[str, Any], chat: bool
+) -> web.StreamResponse:
+    """SSE: one event per text delta, each choice's finish reason, usage when asked, then ``[DONE]``."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)
     except BaseException:  # the client went away (or the handler was cancelled) before the first byte
-        completion.abandon()
+        for completion in completions:
+            completion.abandon()
         raise
     try:
-        return await _events(response, completion, head)
+        return await _events(response, completions, head, chat)
     except ConnectionError:  # the client went away mid-stream; its request is cancelled
         return response
 
 
 async def _events(
-    response: web.StreamResponse, completion: Completion, head: dict[str, Any]
+    response: web.StreamResponse, completions: list[Completion], head: dict[str, Any], chat: bool
 ) -> web.StreamResponse:
+    tokenizer = completions[0].service.tokenizer
+
     async def event(doc: Any) -> None:
         await response.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
 
-    async with contextlib.aclosing(completion.deltas()) as deltas:
+    sent = [0] * len(completions)  # logprobs entries already sent, per choice
+
+    def chunk(i: int, text: str | None, finish: str | None = None) -> dict[str, Any]:
+        completion = completions[i]
+        params = completion.params
+        new = completion.logprobs[sent[i] :]
+        sent[i] = len(completion.logprobs)
+        choice: dict[str, Any] = {"index": params.index}
+        if chat:
+            choice["delta"] = {} if text is None else {"content": text}
+            choice["logprobs"] = (
+                _chat_logprobs(tokenizer, new) if params.logprobs is not None and new else None
+            )
+        else:
+            choice["text"] = text or ""
+            lp = _text_logprobs(tokenizer, new, 0) if params.logprobs is not None and new else None
+            choice["logprobs"] = lp
+        choice["finish_reason"] = finish
+        return {**head, "choices": [choice]}
+
+    queue: asyncio.Queue[tuple[int, str | None, RequestError | None]] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
         try:
-            async for delta in deltas:
-                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None}
-                await event({**head, "choices": [choice]})
-            last = {"index": 0, "text": "", "logprobs": None, "finish_reason": completion.finish_reason}
-            await event({**head, "choices": [last]})
-            if completion.params.include_usage:
-                await event({**head, "choices": [], "usage": _usage(completion.params, completion)})
-        except RequestError as err:  # the status line is gone; report in-band, as OpenAI does
-            await event(err.body())
+            async with contextlib.aclosing(completions[i].deltas()) as deltas:
+                async for delta in deltas:
+                    await queue.put((i, delta, None))
+            await queue.put((i, None, None))
+        except RequestError as err:
+            await queue.put((i, None, err))
+
+    for i, completion in enumerate(completions):  # the role first (chat), or the echoed prompt
+        if chat:
+            role = {"index": completion.params.index, "delta": {"role": "assistant", "content": ""}}
+            await event({**head, "choices": [{**role, "logprobs": None, "finish_reason": None}]})
+        elif completion.params.echo:
+            await event(chunk(i, completion.params.echo))
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(completions))]
+    try:
+        left = len(completions)
+        while left:
+            i, delta, err = await queue.get()
+            if err is not None:  # the status line is gone; report in-band, as OpenAI does
+                await event(err.body())
+                break
+            if delta is None:
+                left -= 1
+                await event(chunk(i, None, completions[i].finish_reason))
+            else:
+                await event(chunk(i, delta))
+        else:
+            if completions[0].params.include_usage:
+                await event({**head, "choices": [], "usage": _usage(completions)})
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
 
 
-def _usage(params: CompletionParams, completion: Completion) -> dict[str, int]:
-    prompt = len(params.prompt_ids)
+def _token_bytes(tokenizer: TextTokenizer, token: int) -> bytes:
+    own = getattr(tokenizer, "token_bytes", None)
+    return bytes(own(token)) if own is not None else tokenizer.decode([token]).encode("utf-8")
+
+
+def _chat_logprobs(tokenizer: TextTokenizer, entries: list[tuple[int, TokenLogprob]]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = _token_bytes(tokenizer, token)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+    content = [
+        {**one(token, lp), "top_logprobs": [one(t, v) for t, v in top]} for token, (lp, top) in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _text_logprobs(
+    tokenizer: TextTokenizer, entries: list[tuple[int, TokenLogprob]], offset: int
+) -> dict[str, Any]:
+    """OpenAI's completions ``logprobs``: tokens, token_logprobs, top_logprobs and text_offset."""
+
+    def text(token: int) -> str:
+        return _token_bytes(tokenizer, token).decode("utf-8", errors="replace")
+
+    tokens = [text(token) for token, _ in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion.completion_tokens,
-        "total_tokens": prompt + completion.completion_tokens,
+        "tokens": tokens,
+        "token_logprobs": [lp for _, (lp, _) in entries],
+        "top_logprobs": [{text(t): v for t, v in top} for _, (_, top) in entries],
+        "text_offset": offsets,
     }
+
+
+def _usage(completions: list[Completion]) -> dict[str, int]:
+    prompts = {c.params.prompt_index: len(c.params.prompt_ids) for c in completions}  # each prompt once
+    prompt = sum(prompts.values())
+    generated = sum(c.completion_tokens for c in completions)
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
 class EngineServer:

@@ -61,6 +61,8 @@ class Job:
 
     request: Request
     sink: Sink
+    stop_ids: frozenset[int] = frozenset()
+    """Ids that end the request besides EOS (a chat template's end-of-turn tokens)."""
 
 
 @dataclass(frozen=True)
@@ -187,10 +189,18 @@ class CompletionService:
             return len(self._live)
 
     def submit(
-        self, prompt_ids: Sequence[int], max_tokens: int, sink: Sink, sampling: Sampling | None = None
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        sink: Sink,
+        sampling: Sampling | None = None,
+        *,
+        logprobs: int | None = None,
+        stop_ids: Sequence[int] = (),
     ) -> Job:
         """Admit one request, or raise a 503 ``RequestError`` at once (see the module contract).
-        ``sampling`` None is greedy decoding."""
+        ``sampling`` None is greedy decoding; ``logprobs`` k gives each ``Token`` its log
+        probability and the k most likely tokens'; a token in ``stop_ids`` is the request's last."""
         with self._lock:
             if not self.ready:
                 raise RequestError(
@@ -207,7 +217,10 @@ class CompletionService:
                     code="overloaded",
                     retry_after=RETRY_AFTER_S,
                 )
-            job = Job(Request(prompt=list(prompt_ids), max_new_tokens=max_tokens, sampling=sampling), sink)
+            request = Request(
+                prompt=list(prompt_ids), max_new_tokens=max_tokens, sampling=sampling, logprobs=logprobs
+            )
+            job = Job(request, sink, frozenset(stop_ids) - {self.eos_id})
             self._live.add(job)
         self._inbox.put(job)
         return job
@@ -339,8 +352,12 @@ class CompletionService:
         with self._lock:
             targets = [(self._jobs.get(request), token) for request, token in events]
         for target, token in targets:
-            if target is not None:
-                self._deliver(target, Token(token, now))
+            if target is None:
+                continue
+            logprob = target.request.token_logprobs[-1] if target.request.logprobs is not None else None
+            if token in target.stop_ids:  # an end-of-turn token: the request ends at the next step
+                self._scheduler.cancel(target.request)
+            self._deliver(target, Token(token, now, logprob))
 
     def _batch_failed(self, exc: Exception) -> None:
         """Fail every request of the batch that raised; keep the waiting ones on a fresh scheduler."""
@@ -375,6 +392,7 @@ class CompletionService:
                 prompt=job.request.prompt,
                 max_new_tokens=job.request.max_new_tokens,
                 sampling=job.request.sampling,
+                logprobs=job.request.logprobs,
             )
             self._admit(job, [])
 
