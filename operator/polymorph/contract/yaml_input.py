@@ -1,6 +1,8 @@
 """Reading YAML safely, for the whole trusted package: manifests, workloads, traces, profiles.
 
-Duplicate keys are errors (the API server's strict decoding refuses them too), broken YAML is
+Duplicate keys are errors (the API server's strict decoding refuses them too), YAML 1.1 merge keys
+(``<<: *anchor``, the mapping's own keys overriding) are followed as the API server's reader
+follows them, broken YAML is
 reported with its line, and hostile YAML is bounded: a document whose aliases expand past
 ``MAX_YAML_NODES`` nodes (a "billion laughs") or that nests deeper than ``MAX_YAML_DEPTH`` is
 refused with a message before anything walks it, and a whole number longer than
@@ -101,18 +103,64 @@ class _Loader(_SafeLoader):  # type: ignore[valid-type,misc]
         return super().construct_document(node)
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
+    """The mappings a ``<<`` value names: one mapping, or a sequence of them (YAML 1.1 merge keys)."""
+    nodes = value.value if isinstance(value, yaml.SequenceNode) else [value]
+    if not all(isinstance(n, yaml.MappingNode) for n in nodes):
+        raise yaml.constructor.ConstructorError(
+            None, None, "a merge key (<<) takes a mapping or a list of mappings", value.start_mark
+        )
+    return list(nodes)
+
+
 def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
+    """A mapping with YAML 1.1 merge keys followed as the API server's reader follows them.
+
+    ``<<: *anchor`` (or a list of anchors, the earlier winning) supplies keys the mapping does not
+    set itself; a key set in the mapping overrides a merged one. A key the mapping sets twice is
+    refused, and so is a key set *before* a ``<<`` that supplies it too: YAML 1.1 keeps the key,
+    the API server's reader (go-yaml v2) lets the later merge replace it, so the two disagree."""
+    merges = [(i, v) for i, (k, v) in enumerate(node.value) if k.tag == _MERGE_TAG]
+    if len(merges) > 1:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            "duplicate merge key (<<); merge several mappings with one << and a list [*a, *b]",
+            node.value[merges[1][0]][0].start_mark,
+        )
+    own = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
+    for _, value in merges:
+        for source in _merge_sources(value):
+            loader.construct_object(source, deep=True)  # its own duplicate keys are refused there
+    last_merge = merges[-1][0] if merges else -1
+    before_merge = {id(k) for k, _ in node.value[:last_merge] if k.tag != _MERGE_TAG}
+    loader.flatten_mapping(node)  # merged pairs first (earlier sources last), then the mapping's own
     seen: dict[Any, Any] = {}
+    merged: set[Any] = set()
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, list | dict | set):
             raise yaml.constructor.ConstructorError(
                 None, None, "a mapping key must be a plain value", key_node.start_mark
             )
-        if key in seen:
+        if id(key_node) not in own:  # a merged pair: a later one (an earlier source) wins
+            merged.add(key)
+        elif key in seen and key not in merged:
             mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+        elif key in merged and id(key_node) in before_merge:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key {key!r} is set before a merge key (<<) that sets it too; put << first "
+                "(the API server's reader lets the merge replace it, YAML 1.1 keeps it)",
+                key_node.start_mark,
+            )
+        else:
+            merged.discard(key)
         seen[key] = loader.construct_object(value_node, deep=deep)
     return seen
 
