@@ -7,6 +7,7 @@ still get exactly the continuation that a full-sequence forward pass picks greed
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -78,11 +79,30 @@ def test_concurrent_completions_match_naive_greedy(
         )
         answers[i] = r.json()
 
+    # The engine thread waits until every request is in flight, so they share decode steps by
+    # construction, not by how fast the threads happen to be scheduled on a busy machine.
+    scheduler = service._scheduler
+    step = scheduler.step
+    everyone = threading.Event()
+
+    def gated() -> list[tuple[object, int]]:
+        everyone.wait(timeout=30)
+        return step()  # type: ignore[return-value]
+
+    scheduler.step = gated  # type: ignore[method-assign]
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while service.in_flight < len(prompts) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        everyone.set()
+        for t in threads:
+            t.join()
+    finally:
+        everyone.set()
+        scheduler.step = step  # type: ignore[method-assign]
     for i, prompt in enumerate(prompts):
         expected = naive_greedy(model, prompt, steps)
         text_ids = [t for t in expected if t != model.tokenizer.eos_id]
