@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from polymorph.clients.kube import COMPILEJOBS, CONFIGMAPS, DEPLOYMENTS, MODELDEPLOYMENTS, Kind, KubeClient
+from polymorph.contract import timeouts
 from polymorph.kubectl_plugin.cli import build_parser, main
 
 CANDIDATE = "sha256:" + "a" * 64
@@ -155,7 +156,7 @@ def test_json_output_is_json_wherever_the_flag_stands(
 
 def test_the_request_timeout_reaches_the_client(requests: list[Request], capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     run(capsys, "--request-timeout", "7s", "get", "md", "x")
-    assert requests[0][3] == 7.0
+    assert requests[0][3] == (timeouts.KUBE.connect_s, 7.0)  # the read timeout; connect from the table
 
 
 # (argv, words of the one sentence): refused before any request.
