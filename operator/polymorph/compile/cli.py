@@ -43,7 +43,7 @@ from polymorph.contract.api import Budget, Gates, Objective, format_duration
 from polymorph.contract.builds import resolve_build_arg
 from polymorph.contract.errors import StoreError, UsageError
 from polymorph.contract.inputs import duration, integer, number, read_text, shown
-from polymorph.contract.store import Store, build_id, check_writable, open_store
+from polymorph.contract.store import Store, build_id, check_writable, open_store, store_uri
 from polymorph.contract.validate import format_validation_error
 
 __all__ = ["configure", "run"]
@@ -101,6 +101,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--store",
+        type=store_uri,
         metavar="PATH_OR_URI",
         help="artifact store; checked writable before anything runs (default $POLYMORPH_STORE or ./.polymorph/store)",
     )

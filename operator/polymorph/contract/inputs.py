@@ -15,6 +15,13 @@ given>`` and exits 2. Values are checked before they are used, and before anythi
 - ``read_text(path, what)``: at most ``MAX_FILE_BYTES`` of a UTF-8 text file (``-`` is standard
   input), so ``/dev/zero`` or a huge file is one sentence, not a memory error.
 
+One reading policy for every file format (YAML, JSON, JSON lines): a leading UTF-8 byte-order mark
+is dropped by ``read_text`` whatever the format (editors on Windows write one; YAML allows it,
+JSON does not), and a key an object sets twice is refused in JSON (``json_object``) as the YAML
+reader (``polymorph.contract.yaml_input``) refuses it. Flags are never abbreviated: ``--max-exp``
+is not ``--max-experiments`` (``Parser`` sets ``allow_abbrev=False`` for every command), so a
+flag added later cannot change what an old command line means.
+
 ``HelpFormatter`` shows every flag's default: a flag whose help does not say its default gets
 ``(default: X)`` appended; ``Parser`` (the ``polymorph`` parser class) uses it.
 """
@@ -33,14 +40,17 @@ from polymorph.contract.api.common import DNS_LABEL_PATTERN, parse_duration
 from polymorph.contract.errors import UsageError
 
 __all__ = [
+    "BOM",
     "MAX_FILE_BYTES",
     "MAX_NUMBER_TEXT",
+    "DuplicateKey",
     "HelpFormatter",
     "Parser",
     "check_http_url",
     "duration",
     "http_url",
     "integer",
+    "json_object",
     "name",
     "number",
     "read_text",
@@ -52,6 +62,27 @@ MAX_NUMBER_TEXT = 40
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """The most bytes any input file (workload, manifest, key file) may hold."""
 INT64_MAX = 2**63 - 1
+BOM = "\ufeff"
+"""The byte-order mark, as decoded: dropped at the start of any file, refused anywhere else by the parsers."""
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice (``json_object``)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``json.loads``'s ``object_pairs_hook``: the object, or ``DuplicateKey`` for a key set twice
+    (Python's ``json`` keeps the last silently; the YAML reader and the API server refuse it)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def shown(value: object, limit: int = 40) -> str:
@@ -176,7 +207,7 @@ def read_text(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> 
             f"{where}: larger than {limit // (1024 * 1024)} MiB, the most an input file may hold"
         )
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix(BOM)  # one policy for a BOM, whatever the format
     except UnicodeDecodeError:
         raise UsageError(f"{where}: not a UTF-8 text file") from None
 
@@ -205,13 +236,15 @@ class HelpFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """The parser class of every ``polymorph`` command.
 
-    A usage error is one line and exit status 2; help shows every default (``HelpFormatter``); and
+    A usage error is one line and exit status 2; no flag is taken by a prefix of its name;
+    help shows every default (``HelpFormatter``); and
     a value that starts with ``-`` and a digit (``-5m``, ``-1``) is a value, so the flag's type
     refuses it with the allowed range instead of argparse saying "expected one argument".
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs["allow_abbrev"] = False  # --max-exp is not --max-experiments, in every command
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._negative_number_matcher = re.compile(r"^-[0-9.]")
 

@@ -34,7 +34,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from polymorph.contract.api import Histogram, WorkloadProfile
 from polymorph.contract.errors import UsageError
-from polymorph.contract.inputs import read_text, shown
+from polymorph.contract.inputs import DuplicateKey, json_object, read_text, shown
 from polymorph.contract.validate import format_validation_error
 from polymorph.contract.yaml_input import MAX_NUMBER_DIGITS, bounded_int, load_yaml
 
@@ -129,9 +129,13 @@ def parse_trace(lines: list[str], concurrency: int = 8, source: str = "trace") -
         if not line.strip():
             continue
         try:
-            entry = json.loads(line, parse_int=bounded_int)
+            entry = json.loads(line, parse_int=bounded_int, object_pairs_hook=json_object)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{source} line {number} is not JSON ({exc.msg}).") from None
+        except DuplicateKey as exc:
+            raise UsageError(
+                f"{source} line {number}: duplicate key {exc.key!r}; a key may appear once in an object, as in YAML."
+            ) from None
         except ValueError:  # bounded_int refused a number
             raise UsageError(
                 f"{source} line {number} holds a number with more than {MAX_NUMBER_DIGITS} digits."

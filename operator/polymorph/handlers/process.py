@@ -27,6 +27,7 @@ import kopf
 from polymorph.clients.kube import KubeClient, KubeError
 from polymorph.clients.prometheus import CountingQuery, PrometheusQuery, PrometheusUnavailable
 from polymorph.contract.errors import UsageError
+from polymorph.contract.inputs import Parser
 from polymorph.contract.store import check_writable, open_store
 from polymorph.handlers import settings as flags
 from polymorph.handlers.context import AnalysisCache, Context, Freshness, Health
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="polymorph operator", description=__doc__)
+    parser = Parser(prog="polymorph operator", description=__doc__)
     configure(parser)
     try:
         return run(parser.parse_args())

@@ -13,6 +13,7 @@ the build id, ``polymorph.contract.store.base`` for the contracts every store ke
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
@@ -60,6 +61,7 @@ __all__ = [
     "build_manifest_key",
     "canonical_tar",
     "check_build_id",
+    "check_store_uri",
     "check_writable",
     "compilejob_prefix",
     "ledger_key",
@@ -67,6 +69,7 @@ __all__ = [
     "progress_key",
     "report_key",
     "result_key",
+    "store_uri",
     "unpack_build",
     "workload_prefix",
 ]
@@ -74,12 +77,41 @@ __all__ = [
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
+def check_store_uri(uri: str) -> str:
+    """``uri`` when it names a store ``open_store`` can open (a path, ``file:///path`` or
+    ``s3://bucket/prefix``), checked as text, nothing opened; ``UsageError`` saying what is allowed."""
+    if not uri.strip():
+        raise UsageError("the store URI is empty; use a local path or s3://bucket/prefix")
+    if uri.startswith("s3://"):
+        bucket = uri[len("s3://") :].partition("/")[0]
+        if not _BUCKET.match(bucket) or ".." in bucket:
+            raise UsageError(
+                f"store URI {uri!r} names the bucket {bucket!r}; a bucket name is 3-63 lowercase letters, digits, dots or hyphens"
+            )
+        return uri
+    if uri.startswith("file://"):
+        if not uri[len("file://") :].startswith("/"):
+            raise UsageError(f"store URI {uri!r} must be file:///absolute/path")
+        return uri
+    if "://" in uri:
+        scheme = uri.split("://", 1)[0]
+        raise UsageError(
+            f"store URI {uri!r} uses the unsupported scheme {scheme}://; use a local path or s3://bucket/prefix"
+        )
+    return uri
+
+
+def store_uri(text: str) -> str:
+    """An argparse type for ``--store``: ``check_store_uri``, so a store that could never be opened is
+    refused with the flag's name whether or not the command would have opened it."""
+    try:
+        return check_store_uri(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _s3_store(uri: str, env: Mapping[str, str]) -> S3Store:
     bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not _BUCKET.match(bucket) or ".." in bucket:
-        raise UsageError(
-            f"store URI {uri!r} names the bucket {bucket!r}; a bucket name is 3-63 lowercase letters, digits, dots or hyphens"
-        )
     endpoint = env.get("POLYMORPH_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL") or None
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
     try:
@@ -101,20 +133,11 @@ def open_store(uri: str | None = None, env: Mapping[str, str] | None = None) -> 
     env = os.environ if env is None else env
     if uri is None:
         uri = env.get("POLYMORPH_STORE") or str(DEFAULT_LOCAL_STORE)
-    if not uri.strip():
-        raise UsageError("the store URI is empty; use a local path or s3://bucket/prefix")
+    check_store_uri(uri)
     if uri.startswith("s3://"):
         return _s3_store(uri, env)
     if uri.startswith("file://"):
-        path = uri[len("file://") :]
-        if not path.startswith("/"):
-            raise UsageError(f"store URI {uri!r} must be file:///absolute/path")
-        return LocalStore(Path(path))
-    if "://" in uri:
-        scheme = uri.split("://", 1)[0]
-        raise UsageError(
-            f"store URI {uri!r} uses the unsupported scheme {scheme}://; use a local path or s3://bucket/prefix"
-        )
+        return LocalStore(Path(uri[len("file://") :]))
     return LocalStore(Path(uri))
 
 
