@@ -76,7 +76,10 @@ def test_namespaced_install_grants_nothing_outside_the_watched_namespaces() -> N
     assert not permits(granted, None, "apiextensions.k8s.io", "customresourcedefinitions", "watch")
     for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
         assert not permits(granted, "team-a", "", "secrets", verb)  # secrets reach pods by secretKeyRef only
-        assert not permits(granted, "team-a", "", "pods", verb)  # the operator reads Deployments, not pods
+        # The operator lists a sandbox Job's pods (why they wait: Unschedulable, ImagePullBackOff),
+        # in the watched namespaces only, and changes no pod.
+        assert permits(granted, "team-a", "", "pods", verb) == (verb == "list")
+        assert not permits(granted, "kube-system", "", "pods", verb)
     assert not permits(granted, "team-a", "polymorph.dev", "modeldeployments", "update")  # never writes spec
     assert not permits(granted, "team-a", "polymorph.dev", "modeldeployments", "delete")
     assert not permits(granted, "team-a", "", "services", "delete")  # owner references remove children

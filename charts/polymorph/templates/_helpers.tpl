@@ -94,6 +94,12 @@ reason (the templates ignore that key).
   verbs: [get, create, patch]
   unexercised:
     patch: apply() merge-patches a Job whose labels or annotations differ from the desired ones; the scenario makes each Job once
+# The sandbox Job's pods, read while it has any: a pod that cannot be scheduled (or pull its
+# image) makes the CompileJob Pending with the scheduler's reason, not "Running".
+- where: watched
+  apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 # An Event for every decision (core/v1; kopf posts none: its log-line Events are off).
 - where: watched
   apiGroups: [""]

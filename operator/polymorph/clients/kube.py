@@ -31,6 +31,7 @@ __all__ = [
     "EVENTS",
     "JOBS",
     "MODELDEPLOYMENTS",
+    "PODS",
     "SERVICES",
     "Kind",
     "Kube",
@@ -76,6 +77,7 @@ DEPLOYMENTS = Kind("apps/v1", "deployments")
 SERVICES = Kind("v1", "services")
 CONFIGMAPS = Kind("v1", "configmaps")
 JOBS = Kind("batch/v1", "jobs")
+PODS = Kind("v1", "pods")
 MODELDEPLOYMENTS = Kind(API_VERSION, "modeldeployments")
 COMPILEJOBS = Kind(API_VERSION, "compilejobs")
 EVENTS = Kind("v1", "events")

@@ -41,12 +41,14 @@ from polymorph.contract.errors import UsageError
 
 __all__ = [
     "BOM",
+    "IMAGE_REFERENCE",
     "MAX_FILE_BYTES",
     "MAX_NUMBER_TEXT",
     "DuplicateKey",
     "HelpFormatter",
     "Parser",
     "check_http_url",
+    "check_image",
     "duration",
     "http_url",
     "integer",
@@ -83,6 +85,31 @@ def json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
             raise DuplicateKey(key)
         out[key] = value
     return out
+
+
+# The image reference grammar of distribution/reference (what the kubelet and registries accept):
+# [host[:port]/]path[:tag][@digest], path components lowercase, the whole name at most 255 characters.
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_NAME = rf"(?:{_HOST}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>{_NAME})(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+"""A container image reference: ``registry.example:5000/team/engine:1.2`` or ``name@sha256:<hex>``."""
+
+
+def check_image(text: str, flag: str) -> str:
+    """``text`` if it is an image reference (``IMAGE_REFERENCE``), else ``UsageError`` naming ``flag``."""
+    match = IMAGE_REFERENCE.fullmatch(text)
+    if match is None or len(match.group("name")) > 255:
+        raise UsageError(
+            f"{flag} must be an image reference such as ghcr.io/polymorph/engine:0.1.0 "
+            f"([registry/]path[:tag][@sha256:digest], the path in lowercase); got {shown(text)}"
+        )
+    return text
 
 
 def shown(value: object, limit: int = 40) -> str:

@@ -187,6 +187,10 @@ class JobObservation:
     finished: Literal["Complete", "Failed"] | None = None
     reason: str | None = None
     """The Failed condition's reason, e.g. DeadlineExceeded or BackoffLimitExceeded."""
+    running: int | None = None
+    """Of the ``active`` pods, those running (None: the pods were not read; all active count)."""
+    waiting: str | None = None
+    """Why a pod that is not running waits, as Kubernetes says it: ``Unschedulable: 0/3 nodes ...``."""
 
 
 _SANDBOX_PHASES: dict[str, Literal["Running", "Done", "Failed"]] = {
@@ -300,7 +304,14 @@ def _phase(
     if job.finished is None:
         if docs or job.active:
             done = sum(d.counts.total for d in docs)
-            return "Running", "Running", f"{job.active} sandbox(es) running, {done} experiments so far"
+            running = job.active if job.running is None else min(job.running, job.active)
+            pending = job.active - running
+            why = f" ({job.waiting})" if job.waiting else ""
+            if pending and not running:  # nothing runs: pending, and why, not "Running"
+                reason = (job.waiting or "").split(":", 1)[0] or "PodsPending"
+                return "Pending", reason, f"{pending} sandbox pod(s) pending{why}, {done} experiments so far"
+            waits = f", {pending} pending{why}" if pending else ""
+            return "Running", "Running", f"{running} sandbox(es) running{waits}, {done} experiments so far"
         return (
             "Pending",
             "Pending",

@@ -16,7 +16,7 @@ It knows nothing about what the handlers decide.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
 
@@ -242,10 +242,33 @@ def compilejob_deployment(body: RawBody) -> str:
     return str(ref or (meta.get("labels") or {}).get(LABEL_MODEL_DEPLOYMENT) or "")
 
 
-def job_observation(job: RawBody | None) -> JobObservation:
-    """What a CompileJob's status needs of its sandbox Job: pods by state, and how it finished."""
+def _waiting(pod: RawBody) -> str | None:
+    """Why a pod that is not running waits: its PodScheduled condition when False (``Unschedulable:
+    0/3 nodes are available: ...``), else a container's waiting reason (``ImagePullBackOff: ...``)."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"{cond.get('reason') or 'Unschedulable'}: {cond.get('message') or 'not scheduled'}"[:300]
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            text = waiting["reason"] + (f": {waiting['message']}" if waiting.get("message") else "")
+            return text[:300]
+    return None
+
+
+def job_observation(job: RawBody | None, pods: Sequence[RawBody] | None = None) -> JobObservation:
+    """What a CompileJob's status needs of its sandbox Job: pods by state, and how it finished.
+    With ``pods`` (the Job's pods), how many run and why one that does not waits."""
     if job is None:
         return JobObservation(exists=False)
+    running: int | None = None
+    waiting: str | None = None
+    if pods is not None:
+        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        running = sum((p.get("status") or {}).get("phase") == "Running" for p in live)
+        pending = [p for p in live if (p.get("status") or {}).get("phase") == "Pending"]
+        waiting = next((w for w in map(_waiting, pending) if w), None)
     status = job.get("status") or {}
     finished, reason = None, None
     for cond in status.get("conditions") or []:
@@ -258,4 +281,6 @@ def job_observation(job: RawBody | None) -> JobObservation:
         failed=int(status.get("failed") or 0),
         finished=finished,
         reason=reason,
+        running=running,
+        waiting=waiting,
     )

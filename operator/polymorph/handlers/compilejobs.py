@@ -24,7 +24,7 @@ import asyncio
 import kopf
 from pydantic import ValidationError
 
-from polymorph.clients.kube import CONFIGMAPS, JOBS, MODELDEPLOYMENTS, KubeError, apply
+from polymorph.clients.kube import CONFIGMAPS, JOBS, MODELDEPLOYMENTS, PODS, KubeError, apply
 from polymorph.contract.api import (
     TERMINAL_PHASES,
     BuildSpec,
@@ -164,6 +164,8 @@ async def progress(body: RawBody, patch: kopf.Patch, ctx: Context) -> str | None
     try:
         docs, result, ledger = await asyncio.to_thread(_read_documents, cj, ctx)
         job = await asyncio.to_thread(ctx.kube.get, JOBS, ns, name)
+        # The Job counts a Pending pod as active: its pods say whether they run, and why not.
+        pods = await asyncio.to_thread(_job_pods, ctx, ns, name) if _active_job(job) else None
     except (StoreError, ValidationError) as exc:
         raise kopf.TemporaryError(f"could not read the campaign documents: {exc}", delay=10) from None
     except KubeError as exc:
@@ -174,7 +176,7 @@ async def progress(body: RawBody, patch: kopf.Patch, ctx: Context) -> str | None
         await create(body, patch, ctx)
         return cj.status.phase
     now = ctx.clock()
-    new = compilejobs.compilejob_status(cj, docs, result, job_observation(job), ledger, now)
+    new = compilejobs.compilejob_status(cj, docs, result, job_observation(job, pods), ledger, now)
     if new.phase != cj.status.phase:
         # First the deployment, then our own status: a failure here retries the whole transition.
         await _transition(object_ref(body), cj, new, result, ctx)
@@ -184,6 +186,15 @@ async def progress(body: RawBody, patch: kopf.Patch, ctx: Context) -> str | None
     if diff:
         ctx.fresh.wrote(key, seq + 1)
     return new.phase
+
+
+def _active_job(job: JSON | None) -> bool:
+    return job is not None and bool((job.get("status") or {}).get("active"))
+
+
+def _job_pods(ctx: Context, ns: str, name: str) -> list[JSON]:
+    """The sandbox Job's pods (the Job controller labels them ``job-name``)."""
+    return ctx.kube.list(PODS, ns, {"job-name": name})
 
 
 async def _transition(

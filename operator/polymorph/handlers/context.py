@@ -41,10 +41,12 @@ def utcnow() -> datetime:
 
 @dataclass
 class Health:
-    """Whether Prometheus answered the last query (None) or why not."""
+    """Whether Prometheus answered the last query (None) or why not, and whether peering can work."""
 
     prometheus_error: str | None = None
     since: datetime | None = None
+    peering_error: str | None = None
+    """Why kopf pauses every watch (``handlers.peering``); /healthz fails while it is set."""
 
     def failed(self, why: str, now: datetime) -> None:
         if self.prometheus_error is None:

@@ -29,6 +29,7 @@ from polymorph.clients.prometheus import CountingQuery, PrometheusQuery, Prometh
 from polymorph.contract.errors import UsageError
 from polymorph.contract.inputs import Parser
 from polymorph.contract.store import check_writable, open_store
+from polymorph.handlers import peering
 from polymorph.handlers import settings as flags
 from polymorph.handlers.context import AnalysisCache, Context, Freshness, Health
 from polymorph.handlers.observability import OperatorMetrics, configure_logging, object_log
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     config = flags.from_args(args)
     configure_logging(config.log_level)
     ctx = build_context(config)
+    peering.note(ctx, peering.problem(ctx))  # a warning now, not a silent pause (and /healthz fails)
     ctx.metrics.serve(config.metrics_port)
     log = object_log(None, None, "Operator")
     log.info(

@@ -26,7 +26,7 @@ from polymorph.contract.api import (
     RolloutPhase,
 )
 from polymorph.core.resources import LABEL_MANAGED_BY, MANAGED_BY
-from polymorph.handlers import compilejobs, fleet, gauges, modeldeployments
+from polymorph.handlers import compilejobs, fleet, gauges, modeldeployments, peering
 from polymorph.handlers.bodies import (
     CompileJobIndex,
     DeploymentIndex,
@@ -232,6 +232,14 @@ def build_registry(ctx: Context) -> kopf.OperatorRegistry:
     @kopf.on.probe(id="prometheus", registry=registry)
     def prometheus_probe(memo: Context, **_: Any) -> str:
         return memo.health.prometheus_error or "ok"
+
+    @kopf.on.probe(id="peering", registry=registry)
+    async def peering_probe(memo: Context, **_: Any) -> str:
+        # Every watch paused for want of the peering CRD is not healthy: /healthz answers 500 then.
+        peering.note(memo, await asyncio.to_thread(peering.problem, memo))
+        if memo.health.peering_error:
+            raise kopf.PermanentError(memo.health.peering_error)
+        return "ok"
 
     return registry
 

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from polymorph.contract.api import parse_duration
 from polymorph.contract.errors import UsageError
-from polymorph.contract.inputs import check_http_url, shown
+from polymorph.contract.inputs import check_http_url, check_image, shown
 from polymorph.core.resources import ClusterSettings
 
 __all__ = [
@@ -170,10 +170,10 @@ STORE_SECRET = Setting("--store-secret", "Secret with the store's AWS_* credenti
 ANTHROPIC_SECRET_NAME = Setting("--anthropic-secret-name", "default Secret with the Anthropic key", _text)
 ANTHROPIC_SECRET_KEY = Setting("--anthropic-secret-key", "its key", _text, "api-key")
 SANDBOX_IMAGE = Setting(
-    "--sandbox-image", "image of the sandbox containers", _text, ClusterSettings.sandbox_image
+    "--sandbox-image", "image of the sandbox containers", check_image, ClusterSettings.sandbox_image
 )
 FETCH_IMAGE = Setting(
-    "--fetch-image", "image of the s3:// weights init container", _text, ClusterSettings.fetch_image
+    "--fetch-image", "image of the s3:// weights init container", check_image, ClusterSettings.fetch_image
 )
 DRIFT_INTERVAL = Setting(
     "--drift-interval", "time between fleet drift cycles, a duration such as 1m", parse_interval, "1m"
