@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,7 @@ def test_unschedulable_sandbox_pods_make_the_compilejob_pending(
 ) -> None:
     """No node is registered: the scheduler marks the sandbox pods Unschedulable, and the CompileJob
     says Pending and why, not 'Running, 1 sandbox(es) running'."""
-    _, api, _ = real_cluster
+    _, api, kubeconfig = real_cluster
     real_operator()
     doc = yaml.safe_load((REPO / "crds" / "examples" / "compilejob-standalone.yaml").read_text())
     doc["metadata"] = {"name": "stuck", "namespace": NS}
@@ -185,6 +186,13 @@ def test_unschedulable_sandbox_pods_make_the_compilejob_pending(
     running = next(c for c in status["conditions"] if c["type"] == "Running")
     assert running["status"] == "False" and running["reason"] == "Unschedulable", running
     assert api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/stuck") is not None
+    # kubectl polymorph get cj says the same, not "Running, 1 sandbox(es) running"
+    plugin = Path(sys.executable).parent / "kubectl-polymorph"
+    args = [str(plugin), "get", "cj", "stuck", "-n", NS, "--kubeconfig", str(kubeconfig)]
+    shown = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "Pending" in shown.stdout and "Unschedulable" in shown.stdout, shown.stdout
+    assert "sandbox(es) running" not in shown.stdout, shown.stdout
 
 
 def test_peering_without_its_crd_is_a_warning_and_an_unhealthy_healthz(
