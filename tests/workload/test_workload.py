@@ -138,3 +138,17 @@ def test_the_serving_batch_is_the_engine_args_last_max_batch_else_the_engines_de
     # A value the engine would refuse at start-up is not a serving batch: the default stands.
     assert serving_max_batch(["--max-batch", "0"]) == serving_max_batch(["--max-batch"]) == 8
     assert serving_max_batch(["--max-batch", "two"]) == serving_max_batch(["--max-batch=99999"]) == 8
+
+
+def test_a_long_trace_is_sampled_over_its_whole_length_and_a_short_one_runs_at_most_its_size() -> None:
+    lines = [
+        f'{{"inputTokens": {1 + (i // 1000) % 500}, "outputTokens": {1 + i % 70}, "arrivalS": {i * 0.01}}}'
+        for i in range(200_000)
+    ]
+    trace = parse_trace(lines)
+    fitted = fit_workload(trace, max_requests=16)
+    arrivals = [r.arrival_s for r in fitted.requests]
+    assert len(arrivals) == 16 and arrivals[0] == 0.0 and arrivals[-1] > 0.9 * trace.requests[-1].arrival_s
+    assert len({r.input_tokens for r in fitted.requests}) > 8  # not the first 16 lines' 1..16
+    assert parse_trace(['{"inputTokens": 5, "outputTokens": 3}']).concurrency == 1
+    assert parse_trace(['{"inputTokens": 5, "outputTokens": 3}'] * 20).concurrency == 8

@@ -68,6 +68,7 @@ from polymorph_engine.runtime.model import LoadedModel
 
 __all__ = [
     "DEVICE_SCALE",
+    "SAMPLED_MAX_REQUESTS",
     "InProcessRunner",
     "describe_error",
     "fit_for_device",
@@ -119,6 +120,9 @@ DEVICE_SCALE: dict[str, dict[str, int]] = {
 }
 """Per device type, the caps ``fit_for_device`` applies to a workload (same for hot and cold)."""
 
+SAMPLED_MAX_REQUESTS = 4096
+"""Requests a sampled pass lays out, at most (spread over the whole trace): ~10 ms of CPU a pass."""
+
 
 def fit_for_device(
     workload: Workload, device: str, max_seq_len: int | None = None, settings: BenchSettings | None = None
@@ -130,6 +134,8 @@ def fit_for_device(
     ``DEVICE_SCALE`` for the device type."""
     kind = torch.device(device).type
     if settings is not None and settings.sampled_on(kind):
+        if len(workload.requests) > SAMPLED_MAX_REQUESTS:  # laid out every pass: keep it quick
+            workload = fit_workload(workload, max_requests=SAMPLED_MAX_REQUESTS)
         if max_seq_len is None or workload.max_tokens <= max_seq_len:
             return workload
         longest_in = max(r.input_tokens for r in workload.requests)

@@ -149,7 +149,8 @@ def parse_trace(lines: list[str], concurrency: int = 8, source: str = "trace") -
         raise UsageError(f"{source} holds no requests; add JSON lines with inputTokens and outputTokens.")
     shapes.sort(key=lambda r: r.arrival_s)
     digest = "sha256:" + _sha256("\n".join(lines))
-    return Workload(tuple(shapes), concurrency, digest)
+    # A trace's requests run at most ``concurrency`` at once, and never more than it holds.
+    return Workload(tuple(shapes), min(concurrency, len(shapes)), digest)
 
 
 def _sha256(text: str) -> str:
@@ -288,12 +289,15 @@ def fit_workload(
 ) -> Workload:
     """Scale ``workload`` down for a small device while keeping its shape.
 
-    Keeps the first ``max_requests`` requests; scales all input lengths by one factor so the
+    Keeps ``max_requests`` requests spread evenly over the whole workload (every k-th, in arrival
+    order: a long trace keeps its shape, not its first minutes); scales all input lengths by one factor so the
     longest is at most ``max_input`` (and likewise outputs), rounding up so no length hits 0;
     caps concurrency; multiplies arrival offsets by ``time_scale``. The same call on the same
     workload always gives the same result, so hot and cold runs see identical requests.
     """
-    requests = list(workload.requests[:max_requests] if max_requests else workload.requests)
+    requests = list(workload.requests)
+    if max_requests and len(requests) > max_requests:
+        requests = [requests[i * len(requests) // max_requests] for i in range(max_requests)]
     in_factor = _factor([r.input_tokens for r in requests], max_input)
     out_factor = _factor([r.output_tokens for r in requests], max_output)
     scaled = [
