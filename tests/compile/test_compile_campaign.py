@@ -486,3 +486,35 @@ def test_requirements_complete_sweeps_and_neighbours() -> None:
         current,
         {"cache": "static", "capture": "none"},
     ]
+
+
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        ([], "no experiment ran: the campaign stopped before the base build was measured"),
+        (
+            [ExperimentRecord(build="sha256:" + "b" * 64, status="failed", error="boom")],
+            "the base build did not pass verification and benchmark",
+        ),
+        (
+            [
+                ExperimentRecord(
+                    build="sha256:" + "b" * 64,
+                    status="passed",
+                    verification=Verification(tokenAgreement=1.0, logitError=0.0, finite=True, passed=True),
+                    figures=Figures(
+                        outputTokensPerSecond=100.0, totalTokensPerSecond=200.0, ttftP50Ms=1, ttftP95Ms=2,
+                        itlP50Ms=1, itlP95Ms=2, noise=0.01, repeats=[100.0] * 5,
+                    ),
+                )
+            ],
+            "no improvement: no candidate ran (the budget held only the baseline's measurement)",
+        ),
+    ],
+    ids=["nothing ran", "the baseline failed", "only the baseline ran"],
+)  # fmt: skip
+def test_the_result_says_what_happened_when_nothing_could_be_compared(
+    records: list[ExperimentRecord], message: str
+) -> None:
+    result = select_result({0: records}, "sha256:" + "b" * 64, Objective(), Gates())
+    assert result.message.startswith(message), result.message

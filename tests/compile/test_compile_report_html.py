@@ -129,7 +129,10 @@ def test_page_has_the_summary_plot_and_leaderboard_best_first() -> None:
     table = re.search(r'<table id="leaderboard">.*?</table>', page, re.S)
     assert table is not None
     names = re.findall(r'<div class="name">(.*?)</div>', table.group(0))
-    assert names == ["fastest", "decode-bs8", "vs-anchor", "slower"]
+    # Paired with the baseline first, however an unpaired ratio reads; an unpaired one has no verdict.
+    assert names == ["fastest", "decode-bs8", "slower", "vs-anchor"]
+    assert re.findall(r'<td class="verdict (\w+)">', table.group(0))[-1] == "unpaired"
+    assert table.group(0).count('<td class="verdict better">') == 2
     assert '<tr class="result"><td>1</td>' in table.group(0)
     assert "decode_batch=16" in table.group(0) and "graphs=True" in table.group(0)
     assert f"{result.best.speedup:.3f}x" in page  # the result's own (ranked) speedup in the summary

@@ -253,6 +253,7 @@ class Display:
 
     def begin(self, prefix: str, recorded: int) -> None:
         note = f"resuming: {recorded} experiments already in the ledger" if recorded else "new campaign"
+        self.total = max(self.total, recorded)  # a resumed ledger may outnumber this run's budget
         self.log(f"campaign {prefix} ({note})")
 
     def log(self, message: str) -> None:
@@ -303,7 +304,7 @@ class Display:
         if ratio is not None and paired is not None:
             speed = f"{ratio:.2f}x [{paired.lo:.2f}, {paired.hi:.2f}] vs {_short(paired.against)}"
         figure = shown if value is not None else (record.error or "")[:60]
-        line = f"[{ordinal:>3}/{self.total}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
+        line = f"[{ordinal:>3}/{max(self.total, self.count)}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
         if cached:
             line += " (from ledger)"
         if self._live is not None and self._progress is not None and self._task is not None:

@@ -54,7 +54,8 @@ class Point:
     hi: float | None
     paired: bool
     verdict: str
-    """``better``, ``worse``, ``inconclusive`` at minSpeedup; the status for an experiment without figures."""
+    """``better``, ``worse``, ``inconclusive`` at minSpeedup when paired with the baseline, ``unpaired``
+    otherwise; the status for an experiment without figures."""
     pairs: int
 
 
@@ -91,7 +92,8 @@ def points(records: Sequence[ExperimentRecord], result: CampaignResult) -> list[
             continue
         est = scored.estimate
         hi = est.hi if math.isfinite(est.hi) else None
-        out.append(Point(r, seconds, est.value, est.lo, hi, scored.paired, str(scored.verdict), est.n))
+        verdict = str(scored.verdict) if scored.paired else "unpaired"  # only a paired ratio is a verdict
+        out.append(Point(r, seconds, est.value, est.lo, hi, scored.paired, verdict, est.n))
     return out
 
 
@@ -246,7 +248,12 @@ def _knobs(knobs: dict[str, object]) -> str:
 
 
 def _leaderboard(pts: Sequence[Point], result: CampaignResult) -> str:
-    scored = sorted((p for p in pts if p.speedup is not None), key=lambda p: (-(p.speedup or 0.0), p.seconds))
+    # Paired results first: an unpaired ratio is never a win (the legend says so), so it never
+    # ranks above one, however high it reads.
+    scored = sorted(
+        (p for p in pts if p.speedup is not None),
+        key=lambda p: (not p.paired, -(p.speedup or 0.0), p.seconds),
+    )
     unit = UNITS.get(result.objective.metric, "")
     best = _result_point(pts, result)
     span = max((p.seconds for p in pts), default=0.0)

@@ -351,9 +351,14 @@ def select_result(
         for sandbox, records in ledgers.items()
     }
     if not any(baselines.values()):
+        ran = any(r.build == base_build for r in all_records)
         return result(
             state="noBaseline",
-            message="the base build did not pass verification and benchmark, so nothing could be compared",
+            message=(
+                "the base build did not pass verification and benchmark, so nothing could be compared"
+                if ran
+                else "no experiment ran: the campaign stopped before the base build was measured"
+            ),
         )
     scored: list[Scored] = []
     standing: dict[int, float] = {}  # id(scored record) -> its speedup by all of its sandbox's evidence
@@ -396,10 +401,15 @@ def select_result(
                 if s is not None:
                     scored.append(s)
     if not scored:
+        tried = any(r.build != base_build for r in all_records)
         return result(
             state="noImprovement",
             baseline=summary(first_base, objective),
-            message="no improvement: no candidate passed verification, benchmark and constraints",
+            message=(
+                "no improvement: no candidate passed verification, benchmark and constraints"
+                if tried
+                else "no improvement: no candidate ran (the budget held only the baseline's measurement)"
+            ),
         )
     # The closest miss: paired measurements first (an unpaired ratio cannot win), then the speedup.
     miss = max(scored, key=lambda s: (s.paired, s.estimate.value))
