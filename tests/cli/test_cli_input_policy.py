@@ -349,7 +349,7 @@ def test_compile_and_experiment_measure_alike() -> None:
     # on a CPU, compile's timeout is experiment's.
     c, e = compile_opts["--experiment-timeout"], experiment_opts["--experiment-timeout"]
     assert c.type is not None and e.type is not None and c.default is None
-    assert f"(default {e.default}; 30s with --device cuda)" in " ".join(c.help.split())
+    assert f"(default: {e.default}; 30s with --device cuda)" in " ".join(c.help.split())
 
 
 @pytest.mark.parametrize(
@@ -394,3 +394,27 @@ def test_experiment_against_a_baseline_prints_the_pair(tmp_path: Path) -> None:
     header, row = done.stdout.splitlines()[1:3]  # after the workload note
     assert "baseline" in header.split() and "speedup" in header.split()
     assert "pairs)" in row and "x [" in row, row
+
+
+def test_every_help_shows_its_defaults_one_way() -> None:
+    """``(default: X)``, never ``(default X)`` nor ``(default off)`` beside it (issue 32, class 9)."""
+    import re
+    import subprocess
+    import sys
+
+    for command in (
+        ["compile"],
+        ["experiment"],
+        ["engine", "serve"],
+        ["sandbox", "agent"],
+        ["sandbox", "engine"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "polymorph.cli", *command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        text = " ".join(done.stdout.split())
+        assert done.returncode == 0 and "(default: " in text, (command, done.stderr[-500:])
+        assert not re.search(r"\(default [^:]", text), (command, re.findall(r"\(default [^)]*\)", text))

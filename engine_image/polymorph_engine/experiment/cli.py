@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--against",
         metavar="DIR_OR_ID",
         help="a baseline build to pair each build with, as a campaign does: interleaved passes and a "
-        "speedup with its interval (default none: each build is measured alone)",
+        "speedup with its interval (default: none: each build is measured alone)",
     )
     parser.add_argument(
         "--knob", action="append", default=[], metavar="NAME=VALUE", help="run variants with this knob"
@@ -59,13 +59,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
         metavar="PATH_OR_URI",
-        help="artifact store for build ids (default $POLYMORPH_STORE or ./.polymorph/store)",
+        help="artifact store for build ids (default: $POLYMORPH_STORE or ./.polymorph/store)",
     )
     parser.add_argument(
-        "--warmup", type=integer(0, 100), default=1, help="unmeasured warm-up passes per build (default 1)"
+        "--warmup", type=integer(0, 100), default=1, help="unmeasured warm-up passes per build (default: 1)"
     )
     parser.add_argument(
-        "--seed", type=integer(0), default=0, help="seed for random weights, workload and prompts (default 0)"
+        "--seed",
+        type=integer(0),
+        default=0,
+        help="seed for random weights, workload and prompts (default: 0)",
     )
     parser.add_argument("--json", action="store_true", help="print one ExperimentRecord JSON per line")
 

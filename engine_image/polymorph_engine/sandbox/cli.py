@@ -44,16 +44,16 @@ DEFAULT_PORT = 8471
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", metavar="FILE", help=f"the CompileJob, JSON or YAML (default ${SPEC_ENV})")
+    parser.add_argument("--spec", metavar="FILE", help=f"the CompileJob, JSON or YAML (default: ${SPEC_ENV})")
     parser.add_argument("--model", help="model shape or checkpoint dir (default: spec.model.uri)")
     parser.add_argument("--workload", metavar="FILE", help="workload file overriding spec.workload")
     parser.add_argument(
         "--port",
         type=integer(1, 65535),
         default=DEFAULT_PORT,
-        help=f"admin port on 127.0.0.1 (default {DEFAULT_PORT})",
+        help=f"admin port on 127.0.0.1 (default: {DEFAULT_PORT})",
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
         "--dtype", help="float32, bfloat16 or float16 (default: spec.model.dtype, else float32)"
     )
@@ -61,7 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=integer(2, MAX_REPEATS),
         default=DEFAULT_REPEATS,
-        help=f"least measured benchmark passes per experiment, at least 2 (default {DEFAULT_REPEATS})",
+        help=f"least measured benchmark passes per experiment, at least 2 (default: {DEFAULT_REPEATS})",
     )
     parser.add_argument(
         "--max-batch",

@@ -60,32 +60,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--build",
         default="reference",
         metavar="DIR_OR_ID",
-        help="a build directory, 'reference', or sha256:<hex> from --store (default reference)",
+        help="a build directory, 'reference', or sha256:<hex> from --store (default: reference)",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument(
         "--port",
         type=integer(0, 65535),
         default=8000,
-        help="port to listen on, 0 for any free one (default 8000)",
+        help="port to listen on, 0 for any free one (default: 8000)",
     )
-    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     serve.add_argument(
         "--dtype",
         default="auto",
-        help="float32, bfloat16, float16, or auto: float32 on cpu, else bfloat16 (default auto)",
+        help="float32, bfloat16, float16, or auto: float32 on cpu, else bfloat16 (default: auto)",
     )
     serve.add_argument(
         "--max-batch",
         type=integer(1, MAX_SERVING_BATCH),
         default=SERVING_MAX_BATCH,
-        help=f"requests decoded together (default {SERVING_MAX_BATCH})",
+        help=f"requests decoded together (default: {SERVING_MAX_BATCH})",
     )
     serve.add_argument(
         "--max-queue",
         type=integer(0, MAX_QUEUE),
         default=DEFAULT_MAX_QUEUE,
-        help=f"requests admitted beyond the batch, waiting for a slot; more get 503 (default {DEFAULT_MAX_QUEUE})",
+        help=f"requests admitted beyond the batch, waiting for a slot; more get 503 (default: {DEFAULT_MAX_QUEUE})",
     )
     serve.add_argument(
         "--max-seq-len",
@@ -99,51 +99,51 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("POLYMORPH_MODEL_DEPLOYMENT") or None,
         metavar="NAME",
         help="ModelDeployment name: a served model name and the model_deployment metric label "
-        "(default $POLYMORPH_MODEL_DEPLOYMENT, else none)",
+        "(default: $POLYMORPH_MODEL_DEPLOYMENT, else none)",
     )
     serve.add_argument(
         "--track",
         metavar="stable|canary",
         default=os.environ.get("POLYMORPH_TRACK", "stable"),
-        help="the track metric label the rollout analysis compares (default $POLYMORPH_TRACK, else stable)",
+        help="the track metric label the rollout analysis compares (default: $POLYMORPH_TRACK, else stable)",
     )
     serve.add_argument(
         "--namespace",
         type=name("a namespace name"),
         default=os.environ.get("POD_NAMESPACE", "default"),
-        help="namespace for trace keys (default $POD_NAMESPACE, else default)",
+        help="namespace for trace keys (default: $POD_NAMESPACE, else default)",
     )
     serve.add_argument(
         "--store",
         metavar="PATH_OR_URI",
-        help="artifact store for build ids and traces; checked writable when traces are sampled (default none)",
+        help="artifact store for build ids and traces; checked writable when traces are sampled (default: none)",
     )
     serve.add_argument(
         "--trace-sample-rate",
         type=number(0, 1),
         default=0.0,
         metavar="F",
-        help="fraction of requests whose shape is traced, 0 to 1; needs --store (default 0: none)",
+        help="fraction of requests whose shape is traced, 0 to 1; needs --store (default: 0: none)",
     )
     serve.add_argument(
         "--trace-flush-interval",
         type=duration(),
         default="5m",
         metavar="DURATION",
-        help="time between trace writes to --store (default 5m)",
+        help="time between trace writes to --store (default: 5m)",
     )
     serve.add_argument(
         "--shutdown-grace",
         type=duration(allow_zero=True),
         default="30s",
         metavar="DURATION",
-        help="how long running requests may finish on SIGTERM (default 30s)",
+        help="how long running requests may finish on SIGTERM (default: 30s)",
     )
     serve.add_argument(
         "--seed",
         type=integer(0, 2**63 - 1),
         default=0,
-        help="seed for random weights of shape models (default 0)",
+        help="seed for random weights of shape models (default: 0)",
     )
     serve.add_argument(
         "--build-cache",

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from pydantic import ValidationError
 
@@ -40,6 +41,7 @@ from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display, final_json, render_report
 from polymorph.contract import measurement
 from polymorph.contract.api import Budget, Gates, Objective, format_duration
+from polymorph.contract.api.common import ObjectiveMetric
 from polymorph.contract.builds import resolve_build_arg
 from polymorph.contract.errors import StoreError, UsageError
 from polymorph.contract.inputs import duration, integer, number, read_text, shown
@@ -82,31 +84,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
             action.default = None
             action.help = (
                 "per experiment, e.g. 90s or 10m; a hung build is killed after it "
-                f"(default {cpu['experiment_timeout']}; {cuda['experiment_timeout']} with --device cuda)"
+                f"(default: {cpu['experiment_timeout']}; {cuda['experiment_timeout']} with --device cuda)"
             )
     parser.add_argument(
-        "--agent", choices=["search", "claude"], default="search", help="who proposes builds (default search)"
+        "--agent",
+        choices=["search", "claude"],
+        default="search",
+        help="who proposes builds (default: search)",
     )
     parser.add_argument(
         "--max-experiments",
         type=integer(1, MAX_EXPERIMENTS),
         metavar="N",
-        help=f"experiment budget (default {cpu['max_experiments']}; {cuda['max_experiments']} with --device cuda)",
+        help=f"experiment budget (default: {cpu['max_experiments']}; {cuda['max_experiments']} with --device cuda)",
     )
     parser.add_argument(
         "--deadline",
         type=duration(),
         metavar="DURATION",
-        help=f"time budget, e.g. 90s, 10m, 2h (default {cpu['deadline']}; {cuda['deadline']} with --device cuda)",
+        help=f"time budget, e.g. 90s, 10m, 2h (default: {cpu['deadline']}; {cuda['deadline']} with --device cuda)",
     )
     parser.add_argument(
         "--store",
         type=store_uri,
         metavar="PATH_OR_URI",
-        help="artifact store; checked writable before anything runs (default $POLYMORPH_STORE or ./.polymorph/store)",
+        help="artifact store; checked writable before anything runs (default: $POLYMORPH_STORE or ./.polymorph/store)",
     )
     parser.add_argument(
-        "--campaign", default="demo", help="campaign name; rerunning a name resumes it (default demo)"
+        "--campaign", default="demo", help="campaign name; rerunning a name resumes it (default: demo)"
     )
     parser.add_argument("--fresh", action="store_true", help="start a new campaign instead of resuming")
     parser.add_argument("--json", action="store_true", help="print one final JSON object on stdout")
@@ -114,34 +119,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--min-speedup",
         type=number(1, 1000),
         default=1.05,
-        help="gate: speedup the result must reach beyond noise, a finite number >= 1 (default 1.05)",
+        help="gate: speedup the result must reach beyond noise, a finite number >= 1 (default: 1.05)",
     )
     parser.add_argument(
-        "--metric", default="outputTokensPerSecond", help="objective metric (default outputTokensPerSecond)"
+        "--metric",
+        default="outputTokensPerSecond",
+        help=f"objective metric, one of {', '.join(get_args(ObjectiveMetric))} (default: outputTokensPerSecond)",
     )
     parser.add_argument(
         "--base-build",
         default="reference",
-        help="'reference', a build id from --store, or a build directory (default reference)",
+        metavar="DIR_OR_ID",
+        help="'reference', a build id from --store, or a build directory (default: reference)",
     )
     parser.add_argument(
         "--claude-model",
         default="claude-sonnet-4-5",
-        help="Claude model for --agent claude (default claude-sonnet-4-5)",
+        help="Claude model for --agent claude (default: claude-sonnet-4-5)",
     )
     parser.add_argument(
         "--api-key-file",
         metavar="FILE",
-        help="file holding the Anthropic API key (default $POLYMORPH_ANTHROPIC_KEY_FILE, else $ANTHROPIC_API_KEY)",
+        help="file holding the Anthropic API key (default: $POLYMORPH_ANTHROPIC_KEY_FILE, else $ANTHROPIC_API_KEY)",
     )
     parser.add_argument(
         "--max-tokens",
         type=integer(1),
         default=2_000_000,
-        help="the campaign's whole token budget for --agent claude (default 2000000)",
+        help="the campaign's whole token budget for --agent claude (default: 2000000)",
     )
     parser.add_argument(
-        "--instructions", default="", help="extra instructions for --agent claude (default none)"
+        "--instructions", default="", help="extra instructions for --agent claude (default: none)"
     )
 
 

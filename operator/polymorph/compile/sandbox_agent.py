@@ -45,7 +45,7 @@ DEFAULT_PORT = 8471
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", metavar="FILE", help=f"the CompileJob, JSON or YAML (default ${SPEC_ENV})")
+    parser.add_argument("--spec", metavar="FILE", help=f"the CompileJob, JSON or YAML (default: ${SPEC_ENV})")
     parser.add_argument("--name", help="campaign name when the spec has no metadata (default: metadata.name)")
     parser.add_argument(
         "--namespace", help="namespace when the spec has no metadata (default: metadata, else default)"
@@ -55,16 +55,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--engine-url",
         type=http_url,
         default=f"http://127.0.0.1:{DEFAULT_PORT}",
-        help=f"the engine's admin API (default http://127.0.0.1:{DEFAULT_PORT})",
+        help=f"the engine's admin API (default: http://127.0.0.1:{DEFAULT_PORT})",
     )
-    parser.add_argument("--store", metavar="PATH_OR_URI", help="artifact store (default $POLYMORPH_STORE)")
+    parser.add_argument("--store", metavar="PATH_OR_URI", help="artifact store (default: $POLYMORPH_STORE)")
     parser.add_argument(
-        "--index", type=integer(0, 63), help="this sandbox's index (default $JOB_COMPLETION_INDEX, else 0)"
+        "--index", type=integer(0, 63), help="this sandbox's index (default: $JOB_COMPLETION_INDEX, else 0)"
     )
     parser.add_argument(
         "--api-key-file",
         metavar="FILE",
-        help="file holding the Anthropic API key for Claude agents (default $POLYMORPH_ANTHROPIC_KEY_FILE, "
+        help="file holding the Anthropic API key for Claude agents (default: $POLYMORPH_ANTHROPIC_KEY_FILE, "
         "else $ANTHROPIC_API_KEY)",
     )
     parser.add_argument(
@@ -75,7 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=duration(),
         default="15m",
         metavar="DURATION",
-        help="how long to wait for the engine to load the model (default 15m)",
+        help="how long to wait for the engine to load the model (default: 15m)",
     )
 
 

@@ -59,28 +59,28 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="tiny",
-        help="model shape (tiny, llama-1b, ...) or checkpoint directory (default tiny)",
+        help="model shape (tiny, llama-1b, ...) or checkpoint directory (default: tiny)",
     )
     parser.add_argument(
         "--workload",
         metavar="FILE",
         help="a WorkloadProfile YAML/JSON or a .jsonl trace (default: the sample profile)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
     parser.add_argument(
         "--experiment-timeout",
         type=duration(),
         default=DEFAULT_EXPERIMENT_TIMEOUT,
         metavar="DURATION",
-        help=f"per experiment, e.g. 90s or 10m; a hung build is killed after it (default {DEFAULT_EXPERIMENT_TIMEOUT})",
+        help=f"per experiment, e.g. 90s or 10m; a hung build is killed after it (default: {DEFAULT_EXPERIMENT_TIMEOUT})",
     )
     parser.add_argument(
         "--repeats",
         type=integer(2, MAX_REPEATS),
         default=DEFAULT_REPEATS,
         help="least measured benchmark passes (pairs when paired) per experiment, at least 2 so the "
-        f"noise can be measured (default {DEFAULT_REPEATS})",
+        f"noise can be measured (default: {DEFAULT_REPEATS})",
     )
     parser.add_argument(
         "--threads",
