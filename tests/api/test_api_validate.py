@@ -101,7 +101,7 @@ INVALID: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None], str]]
         "int-key",
         MD,
         lambda d: d["spec"]["hardware"].__setitem__(5, 1),
-        "spec.hardware: field name 5 must be a string",
+        "spec.hardware: unknown field '5'",  # a whole-number key is a string key, as kubectl sends it
     ),
     ("bool-int", MD, _set("spec.replicas", True), "spec.replicas: must be an integer (got true)"),
     (

@@ -27,31 +27,46 @@ FULL = REPO / "crds" / "examples" / "modeldeployment-full.yaml"
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
+        ("{k: y, l: Y, m: n, o: N, p: yes, q: off}", {"k": True, "l": True, "m": False, "o": False, "p": True, "q": False}),
+        ("{k: 1e3, l: 1.5e3, m: 0o17, o: 010, p: 0x1F, q: 1_000, r: .5, s: 08}", {"k": 1000.0, "l": 1500.0, "m": 15, "o": 8, "p": 31, "q": 1000, "r": 0.5, "s": 8.0}),
+        ("{k: 2001-12-14, l: 1:20, m: 1.2.3, o: 12e}", {"k": "2001-12-14", "l": "1:20", "m": "1.2.3", "o": "12e"}),
+        ("{y: 1, 2: b}", {"true": 1, "2": "b"}),
+    ],
+)  # fmt: skip
+def test_plain_scalars_resolve_as_go_yaml_resolves_them(text: str, expected: dict[str, Any]) -> None:
+    """kubectl turns YAML into JSON with go-yaml v2 (checked against the real server in
+    tests/control_plane/test_yaml_like_the_api_server.py)."""
+    assert load_yaml(text, "f.yaml") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
         # the issue's example: a flow mapping overriding one merged key
         (
             "s: &s {weight: 25, pause: 10m}\nl:\n- {<<: *s, weight: 50}\n",
             {"s": {"weight": 25, "pause": "10m"}, "l": [{"weight": 50, "pause": "10m"}]},
         ),
         # block style, the override after the merge
-        ("b: &b\n  x: 1\n  y: 2\nd:\n  <<: *b\n  y: 3\n", {"b": {"x": 1, "y": 2}, "d": {"x": 1, "y": 3}}),
+        ("b: &b\n  x: 1\n  w: 2\nd:\n  <<: *b\n  w: 3\n", {"b": {"x": 1, "w": 2}, "d": {"x": 1, "w": 3}}),
         # a merge and no override
         ("b: &b {x: 1}\nd: {<<: *b}\n", {"b": {"x": 1}, "d": {"x": 1}}),
         # a key set before the merge that the merge does not set
-        ("b: &b {x: 1}\nd: {y: 2, <<: *b}\n", {"b": {"x": 1}, "d": {"y": 2, "x": 1}}),
+        ("b: &b {x: 1}\nd: {w: 2, <<: *b}\n", {"b": {"x": 1}, "d": {"w": 2, "x": 1}}),
         # a list of anchors: the earlier wins, the mapping's own key over both
         (
-            "a: &a {x: 1, y: 1}\nb: &b {x: 2, z: 2}\nc: {<<: [*a, *b], z: 3}\n",
-            {"a": {"x": 1, "y": 1}, "b": {"x": 2, "z": 2}, "c": {"x": 1, "y": 1, "z": 3}},
+            "a: &a {x: 1, w: 1}\nb: &b {x: 2, z: 2}\nc: {<<: [*a, *b], z: 3}\n",
+            {"a": {"x": 1, "w": 1}, "b": {"x": 2, "z": 2}, "c": {"x": 1, "w": 1, "z": 3}},
         ),
         # an inline mapping as the merge source
-        ("c: {<<: {x: 1}, y: 2}\n", {"c": {"x": 1, "y": 2}}),
+        ("c: {<<: {x: 1}, w: 2}\n", {"c": {"x": 1, "w": 2}}),
         # a merge of a mapping that itself merges
         (
-            "a: &a {x: 1}\nb: &b {<<: *a, y: 2}\nc: {<<: *b, x: 3}\n",
-            {"a": {"x": 1}, "b": {"x": 1, "y": 2}, "c": {"x": 3, "y": 2}},
+            "a: &a {x: 1}\nb: &b {<<: *a, w: 2}\nc: {<<: *b, x: 3}\n",
+            {"a": {"x": 1}, "b": {"x": 1, "w": 2}, "c": {"x": 3, "w": 2}},
         ),
         # refused: the mapping sets a key twice, beside a merge
-        ("a: &a {x: 1}\nc: {<<: *a, y: 1, y: 2}\n", "line 2, column 19: duplicate key 'y'"),
+        ("a: &a {x: 1}\nc: {<<: *a, w: 1, w: 2}\n", "line 2, column 19: duplicate key 'w'"),
         # refused: the merge source sets a key twice
         ("c: {<<: {x: 1, x: 2}}\n", "duplicate key 'x'"),
         # refused: two merge keys in one mapping

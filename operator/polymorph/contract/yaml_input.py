@@ -2,7 +2,9 @@
 
 Duplicate keys are errors (the API server's strict decoding refuses them too), YAML 1.1 merge keys
 (``<<: *anchor``, the mapping's own keys overriding) are followed as the API server's reader
-follows them, broken YAML is
+follows them, plain scalars resolve as that reader (go-yaml v2) resolves them (``y`` is a
+boolean, ``1e3`` a number, ``2001-12-14`` a string) and a whole-number or boolean key is a string
+key, as in the JSON the API server sees; broken YAML is
 reported with its line, and hostile YAML is bounded: a document whose aliases expand past
 ``MAX_YAML_NODES`` nodes (a "billion laughs") or that nests deeper than ``MAX_YAML_DEPTH`` is
 refused with a message before anything walks it, and a whole number longer than
@@ -13,6 +15,7 @@ It knows nothing about what the documents mean.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,6 +149,8 @@ def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dic
             raise yaml.constructor.ConstructorError(
                 None, None, "a mapping key must be a plain value", key_node.start_mark
             )
+        if isinstance(key, bool | int):  # JSON keys are strings: y: 1 is {"true": 1} to the API server
+            key = ("true" if key else "false") if isinstance(key, bool) else str(key)
         if id(key_node) not in own:  # a merged pair: a later one (an earlier source) wins
             merged.add(key)
         elif key in seen and key not in merged:
@@ -177,16 +182,59 @@ def bounded_int(text: str) -> int:
 
 
 def _int(loader: _Loader, node: yaml.ScalarNode) -> int:
-    text = str(node.value)
-    if sum(c.isdigit() for c in text.replace("_", "")) > MAX_NUMBER_DIGITS:
+    """A whole number as go-yaml v2 reads it: ``_`` dropped, then Go's base prefixes (``0x``, ``0o``,
+    ``0b``, a leading ``0`` for octal)."""
+    text = str(node.value).replace("_", "")
+    if sum(c.isdigit() for c in text) > MAX_NUMBER_DIGITS:
         raise yaml.constructor.ConstructorError(
             None, None, f"a number with more than {MAX_NUMBER_DIGITS} digits is too large", node.start_mark
         )
-    return int(loader.construct_yaml_int(node))
+    if re.fullmatch(r"[-+]?0[0-7]+", text):
+        return int(text, 8)
+    return int(text, 0)
 
 
+def _float(loader: _Loader, node: yaml.ScalarNode) -> float:
+    text = str(node.value).replace("_", "")
+    if text.lower().lstrip("+-") in (".inf", ".nan"):
+        return float(loader.construct_yaml_float(node))
+    return float(text)
+
+
+def _bool(loader: _Loader, node: yaml.ScalarNode) -> bool:
+    return str(node.value).lower() in ("y", "yes", "true", "on")
+
+
+# Plain scalars resolve as go-yaml v2 resolves them (kubectl turns YAML into JSON with it before the
+# API server sees it), not as PyYAML's YAML 1.1 tables do: y/Y/n/N are booleans; 1e3 and 1.5e3 are
+# numbers; 0o17 is a whole number; 1:20 (sexagesimal) and 2001-12-14 (a timestamp) stay strings.
+_GO_RESOLVED = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")  # fmt: skip
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _GO_RESOLVED]
+    for first, resolvers in _SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$"),
+    list("yYnNtTfFoO"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^[-+]?(?:0[bB][01_]+|0[oO][0-7_]+|0[xX][0-9a-fA-F_]+|0[0-7_]*|[1-9][0-9_]*)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _Loader.add_constructor("tag:yaml.org,2002:int", _int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _float)
+_Loader.add_constructor("tag:yaml.org,2002:bool", _bool)
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
