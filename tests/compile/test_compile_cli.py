@@ -62,6 +62,17 @@ def test_compile_json_report_and_the_best_build_runs_again_by_id(tmp_path: Path)
     assert doc["overhead"]["coldStartS"] > doc["overhead"]["hotSwapS"] > 0
     builds = _ledger_builds(store)
     assert len(builds) == len(set(builds)) == doc["experiments"]["total"]
+    # A CPU campaign searches no value that acts only on an accelerator (build.toml's accelerator_only).
+    s = open_store(str(store))
+    (ledger,) = [k for k in s.list("compilejobs/") if k.endswith(".jsonl")]
+    inert = {
+        ("decode_capture", "cuda_graph"),
+        ("kernels", "triton"),
+        ("gemv", "triton"),
+        ("pdl", True),
+        ("residual", "norm"),
+    }
+    assert not [r["knobs"] for r in s.read_jsonl(ledger) if inert & set(r["knobs"].items())]
     # Progress lines went to stderr; stdout is exactly the JSON object.
     assert "baseline" in proc.stderr
     # The best (or, without a winner, the leading candidate) is stored with a manifest and runs by id.

@@ -123,6 +123,18 @@ def test_read_build_parses_every_field(tmp_path: Path) -> None:
             "knobs.k.requires.j",
         ),
         ('[build]\nname = "x"\n[knobs.k]\nchoices = [1]\ndefault = 1\nrequires = [1]\n', "knobs.k.requires"),
+        (
+            '[build]\nname = "x"\n[knobs.k]\nchoices = [1, 2]\ndefault = 1\naccelerator_only = [3]\n',
+            "knobs.k.accelerator_only",
+        ),
+        (
+            '[build]\nname = "x"\n[knobs.k]\nchoices = [1, 2]\ndefault = 1\naccelerator_only = [1]\n',
+            "the default",
+        ),
+        (
+            '[build]\nname = "x"\n[knobs.k]\nchoices = [1, 2]\ndefault = 1\naccelerator_only = 2\n',
+            "knobs.k.accelerator_only",
+        ),
     ],
 )
 def test_bad_build_toml_is_one_sentence_naming_file_and_field(tmp_path: Path, toml: str, expect: str) -> None:
@@ -255,3 +267,19 @@ def test_knob_variants_have_their_own_build_ids(tmp_path: Path) -> None:
     assert build_id(knob_variant(REFERENCE_BUILD, {"kv_cache": "static"}, tmp_path / "again")) == build_id(
         static
     )
+
+
+def test_a_cpu_searches_no_value_that_acts_only_on_an_accelerator() -> None:
+    spec = read_build(REFERENCE_BUILD)
+    inert = {
+        "decode_capture": "cuda_graph",
+        "kernels": "triton",
+        "gemv": "triton",
+        "pdl": True,
+        "residual": "norm",
+    }
+    for name, value in inert.items():
+        assert value in spec.knobs[name].choices_on("cuda") and value not in spec.knobs[name].choices_on(
+            "cpu"
+        )
+    assert spec.knobs["kernels"].choices_on("cpu") == ("torch", "compile")

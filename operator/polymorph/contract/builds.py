@@ -66,7 +66,7 @@ REFERENCE_BUILD: Path = _reference_build()
 
 KnobValue = str | bool | int | float
 _BUILD_KEYS = {"name", "parent", "entry", "description", "notes"}
-_KNOB_KEYS = {"choices", "default", "description", "requires"}
+_KNOB_KEYS = {"choices", "default", "description", "requires", "accelerator_only"}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -80,6 +80,15 @@ class Knob:
     requires: dict[str, KnobValue] = field(default_factory=dict)
     """Other knobs' values without which this knob's non-default values change nothing
     (``decode_capture`` needs ``kv_cache = "static"``). A search applies them together."""
+    accelerator_only: tuple[KnobValue, ...] = ()
+    """Values that act only on an accelerator: on a CPU they compute as the default does (a CUDA
+    graph, a Triton kernel), so a campaign on a CPU does not search them."""
+
+    def choices_on(self, device: str) -> tuple[KnobValue, ...]:
+        """The choices a campaign on ``device`` (``cpu``, ``cuda``, an accelerator's name) searches."""
+        if device != "cpu":
+            return self.choices
+        return tuple(c for c in self.choices if not any(_same(c, a) for a in self.accelerator_only))
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,8 @@ def _read_knob(where: str, name: str, doc: object) -> Knob:
     unknown = sorted(set(doc) - _KNOB_KEYS)
     if unknown:
         raise BuildError(
-            f"{where}: unknown field {path}.{unknown[0]}; allowed are choices, default, description, requires."
+            f"{where}: unknown field {path}.{unknown[0]}; allowed are choices, default, description, requires, "
+            "accelerator_only."
         )
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -226,7 +236,14 @@ def _read_knob(where: str, name: str, doc: object) -> Knob:
         raise BuildError(
             f'{where}: {path}.requires must be a table of knob = value, like {{ kv_cache = "static" }}.'
         )
-    return Knob(tuple(choices), default, description, dict(requires))
+    accelerated = doc.get("accelerator_only", [])
+    if not isinstance(accelerated, list) or not all(any(_same(a, c) for c in choices) for a in accelerated):
+        raise BuildError(f"{where}: {path}.accelerator_only must be a list of its choices.")
+    if any(_same(default, a) for a in accelerated):
+        raise BuildError(
+            f"{where}: {path}.accelerator_only may not hold the default, which every device runs."
+        )
+    return Knob(tuple(choices), default, description, dict(requires), tuple(accelerated))
 
 
 def _coerce(knob: Knob, value: object) -> KnobValue | None:

@@ -265,7 +265,10 @@ class SearchAgent:
     def run(self, ctx: CampaignContext) -> str:
         spec = read_build(ctx.base_dir)
         self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
-        choices = {name: list(knob.choices) for name, knob in spec.knobs.items()}
+        choices = {name: list(knob.choices_on(ctx.hardware)) for name, knob in spec.knobs.items()}
+        for name, knob in spec.knobs.items():  # a value that needs one this device leaves out is out too
+            if any(not any(v == c for c in choices[other]) for other, v in knob.requires.items()):
+                choices[name] = [knob.default]
         defaults: Config = {name: knob.default for name, knob in spec.knobs.items()}
         requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
         if not choices:
