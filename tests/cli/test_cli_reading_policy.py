@@ -197,5 +197,6 @@ def test_a_store_uri_is_checked_as_text_by_every_command(
     assert expected in str(raised.value)
     with pytest.raises(UsageError):
         open_store(uri)
-    line = _error_line(capsys, ["compile", "--store", uri])
-    assert line.startswith("error: --store: ") and expected in line, line
+    for command in (["compile"], ["experiment", "--build", "reference"]):
+        line = _error_line(capsys, [*command, "--store", uri])
+        assert line.startswith("error: --store: ") and expected in line, (command, line)

@@ -29,7 +29,7 @@ from polymorph.contract.api import ExperimentRecord
 from polymorph.contract.builds import knob_variant, read_build, resolve_build_arg, resolve_knobs
 from polymorph.contract.errors import BuildError, UsageError
 from polymorph.contract.inputs import integer
-from polymorph.contract.store import open_store
+from polymorph.contract.store import open_store, store_uri
 from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, SupervisorStats, WorkerStartError
 from polymorph_engine.runtime.config import SHAPES, parse_dtype
@@ -58,6 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     measurement.add_flags(parser)  # the same measurement flags and defaults as polymorph compile
     parser.add_argument(
         "--store",
+        type=store_uri,
         metavar="PATH_OR_URI",
         help="artifact store for build ids (default: $POLYMORPH_STORE or ./.polymorph/store)",
     )

@@ -137,7 +137,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=duration(allow_zero=True),
         default="30s",
         metavar="DURATION",
-        help="how long running requests may finish on SIGTERM (default: 30s)",
+        help="how long running requests may finish on SIGTERM; 0s cancels them at once (default: 30s)",
     )
     serve.add_argument(
         "--seed",
