@@ -45,9 +45,9 @@ def _kubeconfig_at(path: Path, server: str) -> Path:
     return path
 
 
-def _start(kubeconfig: Path, prometheus_url: str, store: str) -> tuple[int, list[str], float]:
+def _start(kubeconfig: Path, prometheus_url: str, store: str, *extra: str) -> tuple[int, list[str], float]:
     args = [sys.executable, "-m", "polymorph.cli", "operator", "--namespace", NS, "--standalone",
-            "--prometheus-url", prometheus_url, "--store", store]  # fmt: skip
+            "--prometheus-url", prometheus_url, "--store", store, *extra]  # fmt: skip
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     began = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
@@ -139,3 +139,17 @@ def _check(case: Case, tmp: Path, api: ControlPlane, prom: PrometheusServer) -> 
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
     assert all(part in lines[0] for part in expected), (expected, lines[0])
     assert took < FAST_S, f"start-up took {took:.1f} s to refuse: {lines[0]}"
+
+
+def test_a_taken_metrics_port_is_named_by_its_flag(
+    tmp_path: Path, prometheus: PrometheusServer, control_plane: ControlPlane
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, lines, _ = _start(
+            control_plane.kubeconfig, prometheus.url, str(tmp_path), "--metrics-port", str(port)
+        )
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: --metrics-port {port}: cannot serve /metrics there"), lines[0]

@@ -80,7 +80,13 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(config.log_level)
     ctx = build_context(config)
     peering.note(ctx, peering.problem(ctx))  # a warning now, not a silent pause (and /healthz fails)
-    ctx.metrics.serve(config.metrics_port)
+    try:
+        ctx.metrics.serve(config.metrics_port)
+    except OSError as exc:  # taken, or not ours to bind: the flag's name, not a bare errno
+        raise UsageError(
+            f"--metrics-port {config.metrics_port}: cannot serve /metrics there ({exc.strerror or exc}); "
+            "choose a free port"
+        ) from None
     log = object_log(None, None, "Operator")
     log.info(
         "starting",
