@@ -87,6 +87,18 @@ def test_plain_lines_when_not_a_terminal() -> None:
     # A value is shown as value ±CI (n passes); a paired ratio with its interval and its baseline.
     assert lines[0].startswith("[  1/3] passed") and "100.0 ±2.0% (7 passes)" in lines[0]
     assert "1.50x [1.47, 1.53] vs sha256:aaaaaaaaaaaa sweep: x=1 (from ledger)" in lines[1]
+    # A paired experiment says how it compared, not only that it passed: a 0.66x one is slower.
+    assert lines[1].startswith("[  2/3] faster")
+
+
+def test_a_slower_paired_experiment_reads_slower_and_a_resumed_ledger_counts_against_itself() -> None:
+    out = io.StringIO()
+    with Display(total=3, objective=Objective(), stream=out) as d:
+        d.begin("compilejobs/local/x", 25)
+        d.on_record(_record("sha256:" + "a" * 64, 100.0, "baseline"), True, _progress(1))
+        d.on_record(_record("sha256:" + "b" * 64, 66.0, "sweep: x=2", paired_with=100.0), True, _progress(2))
+    lines = out.getvalue().splitlines()
+    assert lines[-1].startswith("[  2/25] slower") and "0.66x" in lines[-1], lines
 
 
 def test_replayed_ledger_lines_count_up() -> None:

@@ -304,7 +304,12 @@ class Display:
         if ratio is not None and paired is not None:
             speed = f"{ratio:.2f}x [{paired.lo:.2f}, {paired.hi:.2f}] vs {_short(paired.against)}"
         figure = shown if value is not None else (record.error or "")[:60]
-        line = f"[{ordinal:>3}/{max(self.total, self.count)}] {record.status:<8} {_short(record.build)} {figure} {speed} {record.description}"
+        label = record.status
+        if record.status == "passed" and paired is not None and ratio is not None:
+            # Passed verification and benchmark; what a person reads first is how it compared.
+            lo, hi = (paired.lo, paired.hi) if self.objective.maximize else (1 / paired.hi, 1 / paired.lo)
+            label = "faster" if lo > 1 else "slower" if hi < 1 else "even"
+        line = f"[{ordinal:>3}/{max(self.total, self.count)}] {label:<8} {_short(record.build)} {figure} {speed} {record.description}"
         if cached:
             line += " (from ledger)"
         if self._live is not None and self._progress is not None and self._task is not None:
