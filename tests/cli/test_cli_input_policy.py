@@ -261,8 +261,6 @@ def test_a_bad_duration_gets_the_same_sentence_everywhere(
 ) -> None:
     reasons = set()
     for prefix, flag, _ in DURATION_FLAGS:
-        if flag == "--shutdown-grace" and text == "0s":
-            continue  # no grace is a valid grace (test_zero_grace_is_allowed_where_zero_means_none)
         extra = ["--spec", SPEC] if prefix[0] == "sandbox" else []
         line = _error_line(capsys, [*prefix, *extra, f"{flag}={text}"])
         assert line.startswith(f"error: {flag}: "), line
@@ -282,10 +280,10 @@ def test_a_bad_duration_gets_the_same_sentence_everywhere(
     assert _chart_accepts(text) == (text in OUT_OF_RANGE)
 
 
-def test_zero_grace_is_allowed_where_zero_means_none() -> None:
-    assert (
-        _flag_seconds(["engine", "serve", "--model", "tiny"], "--shutdown-grace", "shutdown_grace", "0s") == 0
-    )
+def test_every_duration_flag_refuses_zero_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    # --shutdown-grace took 0s where every other duration flag refused it (issue 32, class 7).
+    line = _error_line(capsys, ["engine", "serve", "--model", "tiny", "--shutdown-grace=0s"])
+    assert line.startswith("error: --shutdown-grace: ") and "0s" in line, line
 
 
 # --- help and defaults -------------------------------------------------------------------------

@@ -65,12 +65,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=integer(0, 100), default=1, help="unmeasured warm-up passes per build (default: 1)"
     )
-    parser.add_argument(
-        "--seed",
-        type=integer(0),
-        default=0,
-        help="seed for random weights, workload and prompts (default: 0)",
-    )
     parser.add_argument("--json", action="store_true", help="print one ExperimentRecord JSON per line")
 
 

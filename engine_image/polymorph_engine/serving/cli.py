@@ -134,10 +134,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--shutdown-grace",
-        type=duration(allow_zero=True),
+        type=duration(),
         default="30s",
         metavar="DURATION",
-        help="how long running requests may finish on SIGTERM; 0s cancels them at once (default: 30s)",
+        help="how long running requests may finish on SIGTERM (default: 30s)",
     )
     serve.add_argument(
         "--seed",

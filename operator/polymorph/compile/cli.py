@@ -219,6 +219,7 @@ def _rerun(args: argparse.Namespace, base: str) -> Callable[[str], str]:
             repeats=args.repeats,
             threads=args.threads,
             store=args.store,
+            seed=args.seed,
         )
 
     return line
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         read_text(args.api_key_file, "--api-key-file", limit=64 * 1024)
     store = open_store(args.store)
     check_store(store, args.store)  # before the model loads and the baseline runs
-    replay = measurement.campaign_workload(args.workload, args.device)
+    replay = measurement.campaign_workload(args.workload, args.device, seed=args.seed)
     workload, profile, scale_note = replay.workload, replay.profile, replay.scale_note
     agent = make_agent(
         args.agent,
@@ -254,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
             "gates": checked.gates.model_dump(mode="json"),
             "repeats": args.repeats,
         }
+        if args.seed:  # seed 0 keeps the identity campaigns had before --seed existed
+            identity["seed"] = args.seed
         if args.fresh:
             identity["fresh"] = secrets.token_hex(8)
         paths = CampaignPaths("local", args.campaign, config_uid(identity))
@@ -286,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
             workload=workload,
             gates=checked.gates,
             experiment_timeout=args.experiment_timeout,
-            settings=BenchSettings(repeats=args.repeats, scaled=scale_note or ""),
+            settings=BenchSettings(repeats=args.repeats, seed=args.seed, scaled=scale_note or ""),
+            seed=args.seed,
             fit=replay.fit_on_device,  # CPU workloads were fitted above, with measurement.CPU_SCALE
             threads=measurement.worker_threads(args.threads, args.device),
         )

@@ -304,7 +304,7 @@ class Display:
         if ratio is not None and paired is not None:
             speed = f"{ratio:.2f}x [{paired.lo:.2f}, {paired.hi:.2f}] vs {_short(paired.against)}"
         figure = shown if value is not None else (record.error or "")[:60]
-        label = record.status
+        label: str = record.status
         if record.status == "passed" and paired is not None and ratio is not None:
             # Passed verification and benchmark; what a person reads first is how it compared.
             lo, hi = (paired.lo, paired.hi) if self.objective.maximize else (1 / paired.hi, 1 / paired.lo)

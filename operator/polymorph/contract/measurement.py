@@ -2,7 +2,7 @@
 and the workload each experiment replays.
 
 Both commands take ``--model``, ``--workload``, ``--device``, ``--dtype``, ``--repeats``,
-``--threads`` and ``--experiment-timeout`` from ``add_flags`` with the same defaults, and build
+``--seed``, ``--threads`` and ``--experiment-timeout`` from ``add_flags`` with the same defaults, and build
 the replayed workload with ``campaign_workload``. So a build that a campaign measured is
 measured the same way by ``polymorph experiment`` (the report's "run again" line, see
 ``rerun_command``): same requests, same threads, same passes, paired with the same baseline.
@@ -83,6 +83,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         f"noise can be measured (default: {DEFAULT_REPEATS})",
     )
     parser.add_argument(
+        "--seed",
+        type=integer(0),
+        default=0,
+        help="seed for random weights, the workload's sample of a profile and the prompts (default: 0)",
+    )
+    parser.add_argument(
         "--threads",
         type=integer(1, MAX_THREADS),
         help="torch CPU threads in the engine worker (default: 1 with --device cpu, where one thread keeps "
@@ -148,6 +154,7 @@ def rerun_command(
     repeats: int,
     threads: int | None,
     store: str | None,
+    seed: int = 0,
 ) -> str:
     """The ``polymorph experiment`` line that measures ``build`` paired with ``against`` as a campaign did."""
     argv: list[str] = ["polymorph", "experiment", "--build", build, "--against", against]
@@ -159,6 +166,7 @@ def rerun_command(
         ("--repeats", str(repeats), str(DEFAULT_REPEATS)),
         ("--threads", None if threads is None else str(threads), None),
         ("--store", store, None),
+        ("--seed", str(seed), "0"),
     )
     for flag, value, default in flags:
         if value is not None and value != default:
