@@ -406,6 +406,7 @@ def test_every_help_shows_its_defaults_one_way() -> None:
         ["engine", "serve"],
         ["sandbox", "agent"],
         ["sandbox", "engine"],
+        ["operator"],
     ):
         done = subprocess.run(
             [sys.executable, "-m", "polymorph.cli", *command, "--help"],

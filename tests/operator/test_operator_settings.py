@@ -153,7 +153,7 @@ def test_each_default_is_declared_once() -> None:
     for setting in SETTINGS:
         assert setting.env in setting.help_text()
         if setting.default and not setting.shown:
-            assert f"default {setting.default};" in setting.help_text()
+            assert f"default: {setting.default};" in setting.help_text()
     config = parse(BASE)
     assert (config.drift_interval_s, config.rollout_interval_s, config.metrics_port) == (60, 30, 9090)
     assert (config.health_port, config.peering, config.log_level) == (8080, "polymorph", "info")

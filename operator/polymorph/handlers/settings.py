@@ -120,7 +120,7 @@ class Setting(Generic[T]):
     def help_text(self) -> str:
         if "{env}" in self.help:
             return self.help.format(env=f"${self.env}")
-        default = "required" if self.required else f"default {self.shown or self.default or 'none'}"
+        default = "required" if self.required else f"default: {self.shown or self.default or 'none'}"
         return f"{self.help} ({default}; ${self.env})"
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
