@@ -34,20 +34,12 @@ from polymorph.contract.errors import UsageError
 from polymorph.contract.inputs import Parser
 from polymorph.handlers.settings import from_args
 from polymorph.kubectl_plugin.cli import build_parser as kubectl_plugin_parser
+from support.cli import error_line
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "crds" / "examples"
 SPEC = str(EXAMPLES / "compilejob-standalone.yaml")
 MD_EXAMPLE = EXAMPLES / "modeldeployment-minimal.yaml"
-
-
-def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.out + captured.err
-    lines = captured.err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, captured.err)
-    return lines[0]
 
 
 @pytest.fixture
@@ -107,7 +99,7 @@ OPERATOR = ["operator", "--namespace", "a", "--prometheus-url", "http://p:9090",
 def test_a_bad_value_is_one_line_naming_the_flag(
     capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
 ) -> None:
-    line = _error_line(capsys, argv)
+    line = error_line(capsys, argv)
     assert line.startswith(f"error: {expected}") or expected in line, line
     assert len(line) < 400  # the input is never echoed whole
 
@@ -262,7 +254,7 @@ def test_a_bad_duration_gets_the_same_sentence_everywhere(
     reasons = set()
     for prefix, flag, _ in DURATION_FLAGS:
         extra = ["--spec", SPEC] if prefix[0] == "sandbox" else []
-        line = _error_line(capsys, [*prefix, *extra, f"{flag}={text}"])
+        line = error_line(capsys, [*prefix, *extra, f"{flag}={text}"])
         assert line.startswith(f"error: {flag}: "), line
         reasons.add(line.removeprefix(f"error: {flag}: ").removesuffix(" (or 0s)"))
     for flag, dest in OPERATOR_FLAGS:
@@ -282,7 +274,7 @@ def test_a_bad_duration_gets_the_same_sentence_everywhere(
 
 def test_every_duration_flag_refuses_zero_alike(capsys: pytest.CaptureFixture[str]) -> None:
     # --shutdown-grace took 0s where every other duration flag refused it (issue 32, class 7).
-    line = _error_line(capsys, ["engine", "serve", "--model", "tiny", "--shutdown-grace=0s"])
+    line = error_line(capsys, ["engine", "serve", "--model", "tiny", "--shutdown-grace=0s"])
     assert line.startswith("error: --shutdown-grace: ") and "0s" in line, line
 
 

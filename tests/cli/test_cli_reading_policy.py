@@ -25,6 +25,7 @@ from polymorph.contract.inputs import BOM, read_text
 from polymorph.contract.store import check_store_uri, open_store
 from polymorph.contract.workload import read_workload
 from polymorph.kubectl_plugin.cli import build_parser as kubectl_plugin_parser
+from support.cli import error_line
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "crds" / "examples" / "modeldeployment-minimal.yaml"
@@ -42,15 +43,6 @@ PROFILE_JSON = json.dumps(
         "concurrency": 2,
     }
 )
-
-
-def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.out + captured.err
-    lines = captured.err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, captured.err)
-    return lines[0]
 
 
 # --- duplicate keys ------------------------------------------------------------------------------
@@ -94,7 +86,7 @@ def test_a_duplicate_key_in_a_trace_is_one_line_from_the_command(
 ) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"inputTokens": 4, "inputTokens": 400000, "outputTokens": 2}\n')
-    line = _error_line(capsys, ["compile", "--workload", str(path), "--store", str(tmp_path / "store")])
+    line = error_line(capsys, ["compile", "--workload", str(path), "--store", str(tmp_path / "store")])
     assert "duplicate key 'inputTokens'" in line and str(path) in line, line
 
 
@@ -171,7 +163,7 @@ def test_no_parser_takes_an_abbreviated_flag() -> None:
 def test_an_abbreviated_flag_is_one_line_naming_it(
     capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
 ) -> None:
-    line = _error_line(capsys, argv)
+    line = error_line(capsys, argv)
     assert "unrecognized arguments" in line and flag in line, line
 
 
@@ -198,5 +190,5 @@ def test_a_store_uri_is_checked_as_text_by_every_command(
     with pytest.raises(UsageError):
         open_store(uri)
     for command in (["compile"], ["experiment", "--build", "reference"]):
-        line = _error_line(capsys, [*command, "--store", uri])
+        line = error_line(capsys, [*command, "--store", uri])
         assert line.startswith("error: --store: ") and expected in line, (command, line)

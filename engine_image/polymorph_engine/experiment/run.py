@@ -181,16 +181,17 @@ def measured_shape(workload: Workload, settings: BenchSettings, sampled: Plan | 
         outputTokensMax=outputs[-1],
         cacheSlots=slots,
         cacheLen=length,
-        decodeSteps=(sampled or _plan(workload, slots, length)).decode_steps,
+        decodeSteps=(sampled or _plan(workload, length)).decode_steps,
         sampled=sampled.describe() if sampled is not None else "",
         scaled=settings.scaled,
     )
 
 
 @functools.lru_cache(maxsize=8)
-def _plan(workload: Workload, slots: int, length: int) -> Plan:
-    """``steps.plan`` of a workload, once per worker (a campaign measures one workload throughout)."""
-    del slots  # the scheduler's batch is the workload's concurrency; spare cache slots take prefills
+def _plan(workload: Workload, length: int) -> Plan:
+    """``steps.plan`` of a workload for caches of ``length`` positions, once per worker (a campaign
+    measures one workload throughout). The scheduler's batch is the workload's concurrency; the
+    cache's spare slots, if any, only take the prefill samples (``SampledPass``)."""
     return plan(workload, None, length)
 
 
@@ -327,7 +328,7 @@ def _benchmark(
     cpu = timed_by_cpu(settings, device)
     clock = time.process_time if cpu else time.perf_counter
     shape = settings.cache_shape(workload)
-    sampled = _plan(workload, *shape) if settings.sampled_on(torch.device(device).type) else None
+    sampled = _plan(workload, shape[1]) if settings.sampled_on(torch.device(device).type) else None
     measured = measured_shape(workload, settings, sampled)
 
     def passes_of(reused: ReusedCache) -> Callable[[], PassResult]:
