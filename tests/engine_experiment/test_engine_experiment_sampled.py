@@ -379,3 +379,11 @@ def test_the_state_is_filled_once_and_refilled_rarely() -> None:
     samples = sum(chosen.prefill_lengths)
     restores = sum(filled) - 20 * samples  # slot 0 is refilled after each pass's prefill samples
     assert restores <= 20 * chosen.homes[0] + max(chosen.homes), (restores, chosen.homes[:3])
+
+
+def test_a_workload_that_never_decodes_is_measured_by_its_prefills() -> None:
+    # Every output one token (classification-like traffic): no decode step, so no anchor to time.
+    workload = Workload(tuple(RequestShape(64 + 50 * i, 1, 0.0) for i in range(12)), 4, "sha256:prefill-only")
+    full, estimate = full_and_estimate(Costs(), workload)
+    assert estimate["tok/s"] == pytest.approx(full["tok/s"], rel=BOUNDS["tok/s"])
+    assert estimate["ttft p95"] == pytest.approx(full["ttft p95"], rel=BOUNDS["ttft p95"])

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from polymorph.contract.steps import Plan, piecewise, simulate
+from polymorph.contract.steps import DecodeCost, Plan, piecewise, simulate
 from polymorph.contract.workload import Workload
 from polymorph_engine.experiment.bench import PassResult
 from polymorph_engine.runtime.hotpath import HotPath
@@ -138,18 +138,7 @@ class SampledPass:
             seconds, context = self._decode([slot], 1)
             probes.append((context, seconds))
         anchors = [(a.rows, *self._decode(list(range(a.first, a.first + a.rows)))) for a in self.plan.anchors]
-        prefill_s = piecewise(prefills)
-        row_s = piecewise(probes) if probes else (lambda _context: 0.0)
-        occupancy_s = piecewise([(rows, seconds) for rows, seconds, _ in anchors])
-        at_context = piecewise([(rows, context) for rows, _, context in anchors])
-
-        def decode_s(rows: int, context: int) -> float:
-            # The anchors' seconds at this occupancy, corrected for the context its rows attend
-            # beyond (or short of) the anchors' by the one-row probes' cost per position.
-            typical = at_context(rows)
-            return max(0.0, occupancy_s(rows) + rows * (row_s(context / rows) - row_s(typical)))
-
-        timeline = simulate(self.workload, prefill_s, decode_s if anchors else lambda _r, _c: 0.0)
+        timeline = simulate(self.workload, piecewise(prefills), _decode_cost(anchors, probes))
         return PassResult(
             duration_s=timeline.duration_s,
             input_tokens=timeline.input_tokens,
@@ -166,3 +155,20 @@ class SampledPass:
                 if length:
                     self.hotpath.free(self.cache, slot)
             self.lengths = [0] * self.shape[0]
+
+
+def _decode_cost(anchors: list[tuple[int, float, float]], probes: list[tuple[float, float]]) -> DecodeCost:
+    """Seconds of a decode step of ``rows`` rows attending ``context`` positions in all: the anchors'
+    (rows, seconds, mean context) at this occupancy, corrected for the context its rows attend
+    beyond (or short of) the anchors' by the one-row probes' (context, seconds) cost per position.
+    A workload that never decodes (every output one token) has no anchors and no decode cost."""
+    if not anchors:
+        return lambda _rows, _context: 0.0
+    row_s = piecewise(probes) if probes else (lambda _context: 0.0)
+    occupancy_s = piecewise([(rows, seconds) for rows, seconds, _ in anchors])
+    at_context = piecewise([(rows, context) for rows, _, context in anchors])
+
+    def decode_s(rows: int, context: int) -> float:
+        return max(0.0, occupancy_s(rows) + rows * (row_s(context / rows) - row_s(at_context(rows))))
+
+    return decode_s

@@ -42,6 +42,7 @@ __all__ = [
     "MAX_ANCHORS",
     "PREFILL_QUANTILES",
     "Anchor",
+    "DecodeCost",
     "Plan",
     "Timeline",
     "piecewise",
