@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,10 @@ def test_a_readable_table_without_json(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["experiment", *QUICK, "--build", "reference"]) == 0
     out = capsys.readouterr().out
     assert "reference" in out and "passed" in out and "worker starts: 1" in out
+    # The shape measured, with what the CPU scaling changed (issue 31: printed on every device).
+    assert re.search(
+        r"measured at: \d+ requests at concurrency \d+, .*\(full replay\); workload scaled down", out
+    )
 
 
 def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from polymorph.contract import measurement
-from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.api import ExperimentRecord, measured_shape_of
 from polymorph.contract.builds import knob_variant, read_build, resolve_build_arg, resolve_knobs
 from polymorph.contract.errors import BuildError, UsageError
 from polymorph.contract.inputs import integer
@@ -177,7 +177,10 @@ def run(args: argparse.Namespace) -> int:
         except WorkerStartError as exc:
             raise UsageError(str(exc)) from None
     if not args.json:
-        if replay.scale_note:
+        shape = measured_shape_of(records)  # with any scaling, the worker's on an accelerator too
+        if shape is not None:
+            print(f"measured at: {shape.summary()}")
+        elif replay.scale_note:
             print(replay.scale_note)
         _print_table(records, supervisor.stats)
     return 0 if all(r.status == "passed" for r in records) else 1
