@@ -3,7 +3,8 @@
 ``Supervisor(model_source, device, dtype, workload, gates, experiment_timeout, ...)`` is an
 ``polymorph.contract.runner.Runner``. Its worker child (multiprocessing, ``spawn``) imports the engine, loads
 the weights once, computes the golden outputs from the reference build, and then runs one
-experiment per request over a pipe (``experiment.run_experiment`` in a hot ``Engine``).
+experiment per request over a pipe (``experiment.run_experiment`` in a hot ``Engine``); what
+they send each other is ``messages``.
 ``run(build_dir, against=baseline_dir)`` pairs the experiment with a baseline: the worker keeps
 that baseline loaded beside the engine's current build (a ``pairing.BaselineSlot``) across
 experiments, so pairing many candidates against one baseline loads it once.
@@ -38,13 +39,21 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from polymorph.contract.api import ExperimentRecord, Gates, WorkloadProfile
 from polymorph.contract.api.build import Timings
 from polymorph.contract.builds import read_build
 from polymorph.contract.store import build_id
 from polymorph.contract.workload import DEFAULT_WORKLOAD, Workload, workload_from_profile
+from polymorph_engine.experiment.messages import (
+    Ready,
+    Recorded,
+    Run,
+    StartFailed,
+    Stop,
+    WorkerConfig,
+    WorkerMessage,
+)
 from polymorph_engine.experiment.settings import BenchSettings
 
 __all__ = ["Supervisor", "SupervisorStats", "WorkerStartError"]
@@ -79,23 +88,6 @@ class SupervisorStats:
     @property
     def mean_experiment_s(self) -> float:
         return sum(self.experiment_seconds) / len(self.experiment_seconds) if self.experiment_seconds else 0.0
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What the parent sends its worker at spawn (pickled): the model, workload, gates and settings."""
-
-    model_source: str
-    device: str
-    dtype: str
-    seed: int
-    workload: Workload
-    gates: dict[str, Any]
-    settings: BenchSettings
-    verify_prompts: int
-    verify_steps: int
-    fit: bool
-    threads: int | None
 
 
 def _worker_main(conn: Connection, config: WorkerConfig) -> None:
@@ -244,12 +236,8 @@ class Supervisor:
             self._process, self._conn = process, parent_conn
         deadline = None if self.start_timeout is None else started + self.start_timeout
         message = self._receive(deadline)
-        if message is None or message[0] != "ready":
-            reason = (
-                message[1]
-                if message is not None and message[0] == "error"
-                else _death_reason(process.exitcode)
-            )
+        if not isinstance(message, Ready):
+            reason = message.reason if isinstance(message, StartFailed) else _death_reason(process.exitcode)
             self._kill()
             raise WorkerStartError(
                 f"the engine worker could not load model {self._config.model_source!r}: {reason}"
@@ -265,7 +253,7 @@ class Supervisor:
         """Stop the worker (politely, then by force)."""
         if self._conn is not None and self._process is not None and self.alive:
             try:
-                self._conn.send(("stop",))
+                self._conn.send(Stop())
                 self._process.join(timeout=10)
             except (OSError, BrokenPipeError):
                 pass
@@ -281,14 +269,15 @@ class Supervisor:
             self._conn.close()
         self._process, self._conn = None, None
 
-    def _receive(self, deadline: float | None) -> tuple[Any, ...] | None:
+    def _receive(self, deadline: float | None) -> WorkerMessage | None:
         """The worker's next message; None if it died (then it is reaped) or the deadline passed first."""
         assert self._conn is not None and self._process is not None
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         ready = wait([self._conn, self._process.sentinel], timeout=remaining)
         if self._conn in ready:
             try:
-                return tuple(self._conn.recv())
+                message: WorkerMessage = self._conn.recv()
+                return message
             except (EOFError, OSError):
                 pass
         if ready:
@@ -311,14 +300,14 @@ class Supervisor:
         assert self._conn is not None
         started = time.perf_counter()
         try:
-            self._conn.send(("run", str(build_dir), description, against_dir, screen))
+            self._conn.send(Run(str(build_dir), description, against_dir, screen))
             message = self._receive(started + self.experiment_timeout)
         except (BrokenPipeError, OSError):
             message = None
         elapsed = time.perf_counter() - started
         self.stats.experiment_seconds.append(elapsed)
-        if message is not None and message[0] == "record":
-            return ExperimentRecord.model_validate_json(message[1])
+        if isinstance(message, Recorded):
+            return ExperimentRecord.model_validate_json(message.record_json)
         if self._process is not None and self._process.exitcode is None:
             self.stats.timeouts += 1
             status, error = (

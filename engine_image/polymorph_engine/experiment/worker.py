@@ -1,9 +1,9 @@
 """The supervised worker: the child process a ``supervisor.Supervisor`` spawns.
 
 It imports the engine (torch with it), loads the model once, computes the golden outputs, and
-then answers ("run", dir, description, against, screen) messages with one experiment each
-(``run.run_experiment`` in a hot ``Engine``, the baseline held in a ``pairing.BaselineSlot``)
-until ("stop",). Only the child imports this module: the parent stays free of torch.
+then answers each ``messages.Run`` with one experiment (``run.run_experiment`` in a hot
+``Engine``, the baseline held in a ``pairing.BaselineSlot``) until ``messages.Stop``. Only the
+child imports this module: the parent stays free of torch.
 """
 
 from __future__ import annotations
@@ -14,21 +14,25 @@ import os
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from polymorph.contract.api import Gates
 from polymorph.contract.api.build import Verification
 from polymorph.contract.errors import UsageError
+from polymorph_engine.experiment.messages import (
+    ParentMessage,
+    Ready,
+    Recorded,
+    Run,
+    StartFailed,
+    WorkerConfig,
+)
 from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.run import fit_for_device, run_experiment, scale_note, vocab_size_of
 from polymorph_engine.experiment.verify import default_prompts, golden
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.hotreload import Engine
-
-if TYPE_CHECKING:
-    from polymorph_engine.experiment.supervisor import WorkerConfig
 
 __all__ = ["compile_cache_dir", "worker_loop"]
 
@@ -46,7 +50,7 @@ def compile_cache_dir() -> Path:
 
 
 def worker_loop(conn: Connection, config: WorkerConfig) -> None:
-    """The child: load once, then answer ("run", dir, description, against, screen) messages until ("stop",)."""
+    """The child: load once (``Ready``), then answer each ``Run`` with its ``Recorded`` until ``Stop``."""
     os.dup2(2, 1)  # a build's print() must never reach the parent's stdout
     try:
         started = time.perf_counter()
@@ -72,34 +76,33 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
         slot = BaselineSlot(model)
         verified: dict[str, Verification] = {}  # this worker's golden outputs: a restart verifies again
         gates = Gates.model_validate(config.gates)
-        conn.send(("ready", time.perf_counter() - started))
+        conn.send(Ready(time.perf_counter() - started))
     except UsageError as exc:  # a bad model source, device or dtype: already one sentence
-        conn.send(("error", str(exc)))
+        conn.send(StartFailed(str(exc)))
         return
     except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        conn.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         return
     while True:
         try:
-            message = conn.recv()
+            message: ParentMessage = conn.recv()
         except (EOFError, OSError):
             return  # the parent went away
-        if message[0] != "run":
+        if not isinstance(message, Run):  # Stop
             slot.close()
             engine.close()
             return
-        _, build_dir, description, against, screen = message
         record = run_experiment(
             engine,
-            build_dir,
+            message.build_dir,
             workload,
             gates,
             reference,
-            description=description,
+            description=message.description,
             settings=settings,
-            against=against,
+            against=message.against,
             slot=slot,
-            screen=screen,
+            screen=message.screen,
             verified=verified,
         )
-        conn.send(("record", record.model_dump_json()))
+        conn.send(Recorded(record.model_dump_json()))
