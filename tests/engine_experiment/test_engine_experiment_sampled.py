@@ -387,3 +387,35 @@ def test_a_workload_that_never_decodes_is_measured_by_its_prefills() -> None:
     full, estimate = full_and_estimate(Costs(), workload)
     assert estimate["tok/s"] == pytest.approx(full["tok/s"], rel=BOUNDS["tok/s"])
     assert estimate["ttft p95"] == pytest.approx(full["ttft p95"], rel=BOUNDS["ttft p95"])
+
+
+def test_a_held_baseline_keeps_its_cache_and_its_filled_state_across_experiments(model: LoadedModel) -> None:
+    # Filling the baseline's decode state costs seconds of prefill at a long-context shape: an
+    # experiment against the baseline held since the last one starts from the state it left.
+    reference = golden(model, default_prompts(model.config.vocab_size), steps=4)
+    settings = BenchSettings(repeats=2, warmup=1, max_repeats=2, max_warmup=1, method="sampled")
+    workload = workload_from_profile(TINY_B, n=16)
+    runner = InProcessRunner(Engine(model), workload, Gates(), reference, settings)
+    shape = settings.cache_shape(workload)
+    first = runner.run(REFERENCE_BUILD, against=REFERENCE_BUILD)
+    assert first.status == "passed" and first.comparison is not None, first.error
+    cache = runner.slot.cache(shape)
+    held = runner.slot.passes(
+        (workload.digest, settings.seed, plan(workload, None, shape[1])), SampledPass, shape
+    )
+    assert (
+        isinstance(held, SampledPass) and held.cache is not None and all(held.lengths[: len(held.plan.homes)])
+    )
+    assert first.timings is not None and first.timings.fillS > 0 and first.timings.warmupS > 0
+    second = runner.run(REFERENCE_BUILD, against=REFERENCE_BUILD)
+    assert second.status == "passed" and second.comparison is not None, second.error
+    assert runner.slot.loads == 1 and runner.slot.cache(shape) is cache
+    assert (
+        runner.slot.passes(
+            (workload.digest, settings.seed, plan(workload, None, shape[1])), SampledPass, shape
+        )
+        is held
+    )
+    runner.slot.close()
+    assert not runner.slot.keeps_graphs
+    runner.close()

@@ -134,6 +134,8 @@ class Measurement:
     warmup: int
     estimate: Estimate
     seconds: float
+    warmup_s: float = 0.0
+    """Of ``seconds``: the unmeasured warm-up passes'."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ class PairedMeasurement:
     baseline_warmup: int
     estimate: Estimate
     seconds: float
+    warmup_s: float = 0.0
+    """Of ``seconds``: both builds' unmeasured warm-up passes'."""
 
 
 def warm_up(run_pass: Pass, policy: MeasurePolicy) -> int:
@@ -190,7 +194,7 @@ def measure_one(
             break
         if estimate.value <= 0 and len(passes) >= policy.min_passes:
             break  # a build that generates nothing: more passes will not help
-    return Measurement(passes, warmup, estimate, clock() - started)
+    return Measurement(passes, warmup, estimate, clock() - started, measuring - started)
 
 
 def measure_paired(
@@ -226,7 +230,9 @@ def measure_paired(
         )
         if _enough(len(cand), estimate, policy, clock() - measuring, worse_stops=True):
             break
-    return PairedMeasurement(cand, base, candidate_warmup, baseline_warmup, estimate, clock() - started)
+    return PairedMeasurement(
+        cand, base, candidate_warmup, baseline_warmup, estimate, clock() - started, measuring - started
+    )
 
 
 WAIT_FACTOR = 1.5

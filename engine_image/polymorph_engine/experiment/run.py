@@ -14,9 +14,10 @@ Owns: the experiment protocol and its ``polymorph.contract.api.ExperimentRecord`
   ``comparison`` carries candidate / baseline with its CI and the baseline's figures. Each
   build's passes share one KV cache (``bench.ReusedCache``): per-bucket graph captures and
   compiled-step warm-ups happen once, as in a server, not inside every pass. The candidate is
-  verified through the same cache it is benchmarked on. A baseline held warm by its slot since
-  an earlier experiment runs one warm-up pass (which prepares its cache again: a swap
-  invalidates graphs captured before it), not a new steady-state search.
+  verified through the same cache it is benchmarked on. The baseline's cache, and the decode
+  state a sampled pass fills on it, stay in its slot across experiments (the engine keeps the
+  cuBLAS workspaces its captured graphs replay into), so a baseline held warm by its slot since
+  an earlier experiment runs one warm-up pass, not a new steady-state search or fill.
   Verification runs first and the warm-up passes follow it directly, so an accelerator never
   idles (and drops its clocks) between the two.
 A ``failed`` record's ``error`` is one line: the exception type and message, plus the
@@ -62,7 +63,6 @@ from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.sampled import SampledPass
 from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.verify import Golden, verify
-from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.hotreload import Engine, build_id_of
 from polymorph_engine.runtime.model import LoadedModel
 
@@ -251,9 +251,10 @@ def run_experiment(
     own_slot = slot is None and against is not None
     if own_slot:
         slot = BaselineSlot(engine.model)
+    keep = slot is not None and slot.keeps_graphs
     try:
         record.build = build_id_of(build_dir)
-        loaded = engine.load_build(build_dir, knobs)
+        loaded = engine.load_build(build_dir, knobs, keep_workspaces=keep)
         timings.loadS = loaded.load_s
         record.name, record.parent, record.knobs = loaded.name, loaded.parent, loaded.knobs
         if not description:
@@ -272,26 +273,31 @@ def run_experiment(
         if not record.verification.passed:
             record.status = "rejected"
         else:
-            baseline: tuple[str, HotPath] | None = None
             if against is not None:
                 assert slot is not None
                 try:
-                    baseline = slot.hotpath(Path(against).resolve())
+                    slot.hotpath(Path(against).resolve())
                 except Exception as exc:
                     raise RuntimeError(
                         f"the baseline to pair against ({against}) could not be loaded: {describe_error(exc)}"
                     ) from exc
             t = time.perf_counter()
-            warm = slot is not None and slot.warm
-            _benchmark(record, candidate, baseline, warm, workload, settings, engine.model, screen)
-            if slot is not None and baseline is not None:
-                slot.warm = True
+            _benchmark(
+                record,
+                timings,
+                candidate,
+                slot if against is not None else None,
+                workload,
+                settings,
+                engine.model,
+                screen,
+            )
             timings.benchS = time.perf_counter() - t
             record.status = "passed"
     except Exception as exc:
         record.status = "failed"
         record.error = describe_error(exc, build_dir)
-        engine.unload()
+        engine.unload(keep_workspaces=slot is not None and slot.keeps_graphs)
     finally:
         if candidate is not None:
             timings.prepareS = candidate.prepare_s
@@ -305,22 +311,22 @@ def run_experiment(
 
 def _benchmark(
     record: ExperimentRecord,
+    timings: Timings,
     candidate: ReusedCache,
-    baseline: tuple[str, HotPath] | None,
-    baseline_warm: bool,
+    slot: BaselineSlot | None,
     workload: Workload,
     settings: BenchSettings,
     model: LoadedModel,
     screen: bool = False,
 ) -> None:
-    """Measure ``candidate`` (paired with ``baseline``, (build id, hot path), when given) and fill the record's figures.
+    """Measure ``candidate`` (paired with the baseline ``slot`` holds, when given) and fill the record's figures.
 
     Each build's passes share one cache for the whole measurement, as a server keeps one: the
-    candidate's is the one it was verified through, the baseline's a fresh one (see ``pairing``).
-    ``baseline_warm``: an earlier experiment warmed the baseline to a steady state.
+    candidate's is the one it was verified through; the baseline's is the slot's, kept across
+    experiments with its pass state (see ``pairing``). A baseline the slot has warmed in an
+    earlier experiment runs one unmeasured pass, not a new steady-state search.
     """
     device = model.device
-    prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
     policy = measure_policy(settings, device)
     if screen:
         policy = policy.screening()
@@ -333,34 +339,42 @@ def _benchmark(
 
     def passes_of(reused: ReusedCache) -> Callable[[], PassResult]:
         if sampled is not None:
-            vocab = vocab_size_of(model)
             return SampledPass(
                 reused,
                 workload,
                 sampled,
                 shape,
-                vocab_size=vocab,
+                vocab_size=vocab_size_of(model),
                 device=device,
                 clock=clock,
                 seed=settings.seed,
             )
+        prompts = make_prompts(workload, vocab_size_of(model), settings.seed)
         return lambda: replay(reused, workload, prompts, device=device, clock=clock, cache_len=shape[1])
 
-    if baseline is None:
-        one = measure_one(passes_of(candidate), policy)
+    def filled(run: Callable[[], PassResult]) -> float:
+        return run.fill_s if isinstance(run, SampledPass) else 0.0
+
+    run_candidate = passes_of(candidate)
+    if slot is None:
+        one = measure_one(run_candidate, policy)
         record.figures = figures_of(one.passes, one.warmup, measured)
         record.passes, record.halfWidth = len(one.passes), one.estimate.half_width
+        timings.warmupS, timings.fillS = one.warmup_s, filled(run_candidate)
         return
-    against, base_path = baseline
-    paired = measure_paired(
-        passes_of(candidate), passes_of(ReusedCache(base_path, shape)), policy, baseline_warm=baseline_warm
-    )
+    assert slot.build is not None
+    run_baseline = slot.passes((workload.digest, settings.seed, sampled), passes_of, shape)
+    base_filled = filled(run_baseline)
+    paired = measure_paired(run_candidate, run_baseline, policy, baseline_warm=slot.warm)
+    slot.warm = True
+    timings.warmupS = paired.warmup_s
+    timings.fillS = filled(run_candidate) + filled(run_baseline) - base_filled
     if cpu and waits_more(paired.candidate, paired.baseline):
         # The candidate spends its pass waiting rather than computing (sleeps, locks, I/O): CPU time
         # would flatter it, so this comparison is judged by wall time.
         cpu = False
         paired = as_wall(paired, policy.confidence)
-    record_paired(record, against, paired, "cpu" if cpu else "wall", measured)
+    record_paired(record, slot.build, paired, "cpu" if cpu else "wall", measured)
 
 
 def record_paired(

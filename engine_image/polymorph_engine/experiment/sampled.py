@@ -76,6 +76,8 @@ class SampledPass:
         self.lengths = [0] * shape[0]
         self.last = [0] * shape[0]
         self.spare = len(plan.homes) if len(plan.homes) < shape[0] else None
+        self.fill_s = 0.0
+        """Wall seconds spent refilling the decode state so far (untimed work of the passes)."""
 
     def _prompt(self, n: int) -> torch.Tensor:
         return torch.randint(self.vocab_size, (n,), generator=self.rng, dtype=torch.int64)
@@ -95,10 +97,12 @@ class SampledPass:
         return seconds
 
     def _settle(self) -> None:
-        """Refill every state slot that is empty or has drifted off its home (untimed)."""
+        """Refill every state slot that is empty or has drifted off its home (untimed, counted in ``fill_s``)."""
         for slot, home in enumerate(self.plan.homes):
             if not home <= self.lengths[slot] <= home + drift(home, self.shape[1]):
+                started = time.perf_counter()
                 self._prefill(slot, home)
+                self.fill_s += time.perf_counter() - started
 
     def _decode(self, chosen: list[int], steps: int = DECODE_STEPS) -> tuple[float, float]:
         """Mean seconds of ``steps`` decode steps over ``chosen`` slots, and their mean context then.

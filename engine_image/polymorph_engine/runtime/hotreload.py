@@ -84,10 +84,14 @@ class Engine:
             raise RuntimeError("no build is loaded; call load_build first")
         return self._current.hotpath
 
-    def load_build(self, build_dir: str | Path, knobs: dict[str, Any] | None = None) -> LoadedBuild:
-        """Release the current build, then import, prepare and make current the build at ``build_dir``."""
+    def load_build(
+        self, build_dir: str | Path, knobs: dict[str, Any] | None = None, *, keep_workspaces: bool = False
+    ) -> LoadedBuild:
+        """Release the current build, then import, prepare and make current the build at ``build_dir``.
+
+        ``keep_workspaces``: see ``unload``."""
         build_dir = Path(build_dir).resolve()
-        self.unload()
+        self.unload(keep_workspaces=keep_workspaces)
         started = time.perf_counter()
         hotpath, spec, resolved = load_hotpath(self.model, build_dir, knobs)
         self._synchronize()
@@ -96,8 +100,11 @@ class Engine:
         self.swaps += 1
         return self._current
 
-    def unload(self) -> None:
-        """Close and forget the current build (no-op without one). A failing ``close`` is logged, not raised."""
+    def unload(self, *, keep_workspaces: bool = False) -> None:
+        """Close and forget the current build (no-op without one). A failing ``close`` is logged, not raised.
+
+        ``keep_workspaces``: keep cuBLAS's workspaces, because CUDA graphs captured outside the
+        current build (a baseline held for pairing, with its cache) replay into them."""
         current, self._current = self._current, None
         if current is None:
             return
@@ -123,7 +130,7 @@ class Engine:
             # that captures CUDA graphs on side streams leaves one per stream; they are never
             # released otherwise, so 20 swaps would keep ~20 builds' worth.
             clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-            if clear is not None:
+            if clear is not None and not keep_workspaces:
                 clear()
             torch.cuda.empty_cache()
 

@@ -152,6 +152,11 @@ class Timings(StrictModel):
     """Of ``verifyS`` and ``benchS``: seconds the build spent preparing its caches (CUDA-graph
     captures, compiled warm-ups per bucket), not running the workload."""
     benchS: float = 0.0
+    warmupS: float = 0.0
+    """Of ``benchS``: the unmeasured warm-up passes (both builds' when paired)."""
+    fillS: float = 0.0
+    """Of ``benchS``: untimed work inside passes, both builds': a sampled pass filling its decode
+    state (prefills of every slot to its context position) before the steps it times."""
     totalS: float = 0.0
 
 
