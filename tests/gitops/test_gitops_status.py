@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from phases import GEN, compilejob_phases, deployment_phases
 
 from support.go_tools import go_tool, run_json
@@ -172,13 +172,27 @@ def test_the_testdata_fail_when_the_expectation_is_wrong(tmp_path: Path) -> None
     assert done.returncode == 1 and "FAIL" in done.stdout and "got Healthy" in done.stdout
 
 
-def test_the_readme_snippet_is_the_scripts() -> None:
-    """The argocd-cm snippet in the README holds each health.lua word for word."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("```yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: argocd-cm")
-    doc = yaml.safe_load(text[start + len("```yaml\n") : text.index("```\n", start + 8)])
+def test_the_docs_link_the_scripts_and_the_patch_puts_them_in_argocd_cm() -> None:
+    """docs/operate.md links each health.lua rather than holding a copy, and its argocd-cm patch
+    command, run from a checkout, puts each script under its key word for word."""
+    page = REPO / "docs" / "operate.md"
+    text = page.read_text()
     for kind in ("ModelDeployment", "CompileJob"):
-        assert (
-            doc["data"][f"resource.customizations.health.polymorph.dev_{kind}"]
-            == (CUSTOM / kind / "health.lua").read_text()
-        ), kind
+        link = f"](../resource_customizations/polymorph.dev/{kind}/health.lua)"
+        assert link in text, kind
+        assert (page.parent / link[2:-1]).resolve() == (CUSTOM / kind / "health.lua").resolve()
+    for doc in (REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))):
+        assert "local hs = {}" not in doc.read_text(), f"{doc.name} holds a copy of a health script"
+    start = text.index("kubectl -n argocd patch configmap argocd-cm --type merge -p \"$(python3 -c '")
+    start = text.index("'", start) + 1
+    script = text[start : text.index("')\"", start)]
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "data": {
+            f"resource.customizations.health.polymorph.dev_{kind}": (CUSTOM / kind / "health.lua").read_text()
+            for kind in ("ModelDeployment", "CompileJob")
+        }
+    }
