@@ -119,7 +119,7 @@ demo-fleet: venv system-packages control-plane go-tools
 bench: $(RUN_STAMP)
 	$(BIN)/python bench/hot_vs_cold.py --model tiny --json
 
-# The two images (README "Images"), named as the chart's defaults name them: this repository's
+# The two images (docs/images.md), named as the chart's defaults name them: this repository's
 # operator and engine, tagged with the chart's appVersion. IMAGE_REGISTRY and IMAGE_TAG override;
 # DOCKER_BUILD_ARGS passes more to each build (e.g. --build-arg BASE_IMAGE=...).
 IMAGE_REGISTRY ?= ghcr.io/polymorph

@@ -8,7 +8,7 @@
   that returned no finite sample (the e2e asserts there are none).
 - ``page(captured)``: a static HTML page with one inline SVG plot per panel, in the dashboard's
   grid; ``python e2e/dashboard.py CAPTURE.json OUT.png`` renders it with headless Chromium
-  (the picture in README "Operate").
+  (the picture in docs/operate.md).
 
 It knows nothing about the fleet; it reads a Prometheus URL and the dashboard file.
 """

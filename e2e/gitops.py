@@ -4,7 +4,7 @@
 CompileJobs that the scenario's waits read. ``report`` runs them all through the real kstatus
 library and the Argo CD health scripts (``tests/tools``), and the real kubectl with the
 ``kubectl polymorph`` plugin on the final state; ``problems`` says which verdicts disagree with
-the mapping the README documents (an empty list: none).
+the mapping docs/operate.md documents (an empty list: none).
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def nodata(md: str, metric: str) -> dict[str, Any]:
         f"Canary analysis of inference/{md} has no data for {metric}",
         f"The rollout's latest analysis found no samples for metric {metric} (no series for a track, or a "
         "query that returns nothing), so the step cannot be judged on it. Check that Prometheus scrapes "
-        "both tracks' engines with the labels the README lists.",
+        "both tracks' engines with the labels docs/install.md lists.",
     )
 
 

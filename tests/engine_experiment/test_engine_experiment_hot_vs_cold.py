@@ -1,4 +1,4 @@
-"""bench/hot_vs_cold.py runs end to end (small) and reports what the README promises."""
+"""bench/hot_vs_cold.py runs end to end (small) and reports what docs/performance.md promises."""
 
 from __future__ import annotations
 

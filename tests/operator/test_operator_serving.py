@@ -121,7 +121,7 @@ def test_invalid_spec_sets_degraded_once_without_crash_loop(
     refused = api.client.post(path, json=bad)
     assert refused.status_code == 422 and STEPS_RULE in refused.text, refused.text
     # Stored under the CRD as it was before that rule (the API server takes a CRD change within a
-    # moment), then the CRD upgraded as the chart's README says: the object stays as it was stored.
+    # moment), then the CRD upgraded as docs/install.md says: the object stays as it was stored.
     crd = api.get(CRD)
     assert crd is not None
     current = {k: crd[k] for k in ("apiVersion", "kind", "spec")} | {

@@ -1,6 +1,6 @@
 """Where each kind of object lives in the artifact store: the one place that spells out keys.
 
-The layout (README.md, "Store layout"):
+The layout (docs/store-layout.md):
 - ``builds/<sha256hex>.tar.gz`` and ``builds/<sha256hex>.json`` (a ``BuildManifest``);
 - ``compilejobs/<ns>/<name>-<uid>/ledger-<i>.jsonl``, ``progress-<i>.json``, ``result.json``, ``report.html``;
 - ``workloads/<ns>/<md>/...`` for captured traffic profiles.
