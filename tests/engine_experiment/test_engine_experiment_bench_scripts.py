@@ -38,6 +38,8 @@ BAD_FLAGS = [
     ("demo_stability.py", ["--limit", "-3"], "--limit must be a positive number of seconds"),
     ("fleet_drift.py", ["--drifted", "9", "--deployments", "3"], "--drifted between 0 and --deployments"),
     ("fleet_drift.py", ["--scrape-interval", "5"], "--scrape-interval must be whole seconds such as 5s"),
+    ("fleet_drift.py", ["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    ("fleet_drift.py", ["--kubeconfig", "/nonexistent"], "--kubeconfig /nonexistent: no such file"),
     ("serve_load.py", ["--clients", "0"], "--clients must be a positive integer"),
     ("fidelity.py", ["--requests", "0"], "--requests: must be a whole number from 1 to 100000"),
     ("fidelity.py", ["--builds", "kv_cache=nope"], "knob 'kv_cache' of build 'reference' must be one of"),

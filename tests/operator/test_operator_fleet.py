@@ -3,17 +3,21 @@
 The cycle runs in-process against the real control plane (``real_cluster``: the status writes and
 CompileJobs go through the real API server, its schema and CEL rules); the Prometheus seam is a
 plain function answering the three profile queries for every deployment, which also counts what
-it is asked. (The real-Prometheus, real-process version is bench/fleet_drift.py.)
+it is asked. The real-Prometheus, real-process version is bench/fleet_drift.py: the last test runs
+it on a fleet of three, on a control plane it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import GROUP, NS, Api
+from operator_harness import GROUP, NS, REPO, Api
 
 from polymorph.clients.kube import KubeClient, load_configuration
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
@@ -25,6 +29,7 @@ from polymorph.handlers.fleet import drift_cycle
 from polymorph.handlers.observability import OperatorMetrics
 from polymorph.handlers.settings import OperatorConfig
 from support.control_plane import ControlPlane
+from support.control_plane_build import VERSION
 
 SHORT = {
     "inputTokens": {"bounds": [64], "counts": [100]},
@@ -115,3 +120,22 @@ def test_500_deployments_take_six_queries_for_two_windows(
     assert len(api.compilejobs()) == 10
     scores = {api.md(n)["status"]["drift"]["score"] for n in (names[0], names[-1])}  # type: ignore[index]
     assert scores == {1.0, 0.0}
+
+
+def test_the_fleet_benchmark_runs_on_a_real_control_plane(tmp_path: Path) -> None:
+    """bench/fleet_drift.py starts the control plane, Prometheus and the operator, and measures."""
+    out = tmp_path / "fleet.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fleet_drift.py"), "--deployments", "3", "--drifted", "1",
+         "--cycles", "1", "--drift-interval", "1", "--scrape-interval", "1s", "--timeout", "100",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=150, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["versions"]["kubernetes"] == VERSION and doc["deployments"] == 3
+    assert doc["queries_per_cycle"] == [3] and doc["steady_cycle_s"]["n"] == 1
+    assert doc["first_cycle_status_writes"] == 3 and doc["first_cycle_compilejobs_opened"] == 1
+    assert doc["steady_cycle_status_writes"] == [0] and doc["compilejobs"] == 1
+    assert doc["drift_score_of_a_drifted_and_a_steady_deployment"] == [1.0, 0.0]
+    assert doc["operator_prometheus_errors"] == 0.0
