@@ -2,7 +2,8 @@
 
 The CRDs of ``crds/`` and every manifest of ``crds/examples`` go through the real kubectl into
 the upstream kube-apiserver: the CRDs are Established (structural schemas, CEL rules within
-the cost budget) and every example is accepted, with the printer columns shown.
+the cost budget) and every example is accepted, with the printer columns shown (and the wide
+ones); an unknown field is refused (kubectl's strict field validation, the CRD's schema).
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def test_the_crds_are_established_and_every_example_is_accepted(
     header, *rows = kubectl("get", "md", "-n", namespace).stdout.splitlines()
     assert header.split() == ["NAME", "BUILD", "PHASE", "DRIFT", "BENCH-TOK/S", "AGE"]
     assert {r.split()[0] for r in rows} == {"llama-8b-chat", "qwen-0-5b"}
+    wide = kubectl("get", "md", "-n", namespace, "-o", "wide").stdout.splitlines()[0]
+    assert "REPLICAS" in wide and "BUILD ID" in wide
+    typo = yamls.load((REPO / "crds" / "examples" / "modeldeployment-minimal.yaml").read_text())
+    typo["metadata"] |= {"name": "typo", "namespace": namespace}
+    typo["spec"]["replicaz"] = 3
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(typo))
+    refused = kubectl("apply", "-f", str(tmp_path / "typo.yaml"), check=False)
+    assert refused.returncode != 0 and 'unknown field "spec.replicaz"' in refused.stderr
     names = kubectl("get", "compilejobs", "-n", namespace, "-o", "name").stdout.split()
     assert sorted(names) == [
         "compilejob.polymorph.dev/llama-8b-chat-7f3a",

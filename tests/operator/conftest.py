@@ -1,10 +1,7 @@
 """Fixtures of the operator's integration tests: the real control plane (``control_plane``, session;
 ``real_cluster``, one per test, with the CRDs), the operator process on it (``real_operator``), a
 node agent whose pods are stand-ins (``real_kubelet``: engines report ready, sandboxes finish on
-``sandboxes_done``), a real Prometheus and the fake engine endpoints it scrapes (``engines``).
-
-No operator test runs on the API emulator (``support.k8s_emulator``): none needs a fault that only
-the emulator can inject (an injected error, a dropped watch)."""
+``sandboxes_done``), a real Prometheus and the fake engine endpoints it scrapes (``engines``)."""
 
 from __future__ import annotations
 
