@@ -19,6 +19,11 @@ reference: HF and the peer get views, never copies of the unfused weights). Prot
 random prompts of ``--prompt`` tokens are prefilled, ``--warmup`` decode steps run untimed, then
 ``--steps`` greedy decode steps are timed with CUDA events; ``tok_s`` = B * steps / seconds.
 Prefill and prepare (capture, compile) are excluded and ``prepare_s`` reports the latter.
+``--prefill-lengths`` also times, for every engine, a one-request prefill of each length (the
+first token read back; a warm-up prefill of each length first, then the median of
+``PREFILL_REPEATS``): ``prefill_ms`` maps the length to milliseconds. The peers prefill as their
+recipes do: the compiled peer eagerly (gpt-fast compiles its decode step, not its prefill), HF in
+its eager forward with a fresh cache.
 
 Roofline (``hot_vs_cold.decode_bytes_per_step``): bytes one step must read = every weight once
 (an untied input embedding as B rows, a tied one once, as the head) + the KV cache of B rows at
@@ -70,6 +75,7 @@ from hot_vs_cold import copy_bandwidth, decode_bytes_per_step  # a sibling scrip
 ENGINES = ("polymorph-reference", "polymorph", "compiled-peer", "hf-eager", "hf-compiled")
 COMPILED = {"compiled-peer", "hf-compiled"}
 PROFILE_STEPS = 32
+PREFILL_REPEATS = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the best build's knobs: name=value,name=value (several sets: ';' between)",
     )
     p.add_argument("--prompt", type=int, default=128)
+    p.add_argument(
+        "--prefill-lengths",
+        default="",
+        metavar="N,N,...",
+        help="also time a one-request prefill of each length, every engine (default: none)",
+    )
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16")
@@ -145,6 +157,25 @@ def prompts(batch: int, length: int, vocab: int, seed: int, device: torch.device
     return torch.randint(0, vocab, (batch, length), generator=gen).to(device)  # [B, S]
 
 
+def timed_prefills(
+    prefill: Callable[[torch.Tensor], None], lengths: list[int], vocab: int, seed: int, device: torch.device
+) -> dict[str, float]:
+    """Milliseconds of ``prefill(tokens [S])`` (which must end with its first token on the host) per
+    length: one warm-up call, then the median of ``PREFILL_REPEATS``."""
+    out: dict[str, float] = {}
+    for n in lengths:
+        tokens = prompts(1, n, vocab, seed, device)[0]
+        prefill(tokens)
+        seconds = []
+        for _ in range(PREFILL_REPEATS):
+            _sync()
+            t = time.perf_counter()
+            prefill(tokens)
+            seconds.append(time.perf_counter() - t)
+        out[str(n)] = round(sorted(seconds)[len(seconds) // 2] * 1e3, 3)
+    return out
+
+
 # --- Polymorph --------------------------------------------------------------------------------
 
 
@@ -173,13 +204,24 @@ def run_polymorph(
             profile = kernel_profile(step, PROFILE_STEPS)
         except Exception as exc:  # the profile is evidence, not the figure: keep the row
             profile = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    hotpath.close()
-    return {
+    out = {
         "tok_s": batch * args.steps / seconds,
         "prepare_s": prepare_s,
         "knobs": resolved,
         "profile": profile,
     }
+    lengths = _lengths(args)
+    if lengths:
+        del cache
+        one = hotpath.new_cache(1, max(lengths) + 1)
+
+        def prefill(tokens: torch.Tensor) -> None:
+            int(hotpath.sample(hotpath.prefill(one, 0, tokens)[None])[0])
+            hotpath.free(one, 0)
+
+        out["prefill_ms"] = timed_prefills(prefill, lengths, model.config.vocab_size, args.seed, model.device)
+    hotpath.close()
+    return out
 
 
 def verify_builds(
@@ -352,7 +394,19 @@ def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]
         _sync()
         prepare_s = time.perf_counter() - t
         seconds = timed_decode(step, args.steps, max(0, args.warmup - 3))
-    return {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+        out: dict[str, Any] = {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+        lengths = _lengths(args)
+        if lengths:
+            del peer, decode, state
+            one = Peer(model, 1, max(lengths) + 8)
+
+            def prefill(tokens: torch.Tensor) -> None:
+                int(one.forward(tokens[None], torch.arange(len(tokens), device=model.device)).argmax(-1)[0])
+
+            out["prefill_ms"] = timed_prefills(
+                prefill, lengths, model.config.vocab_size, args.seed, model.device
+            )
+    return out
 
 
 # --- HF transformers -------------------------------------------------------------------------
@@ -429,7 +483,23 @@ def run_hf(model: Any, batch: int, args: argparse.Namespace, compiled: bool) -> 
             _sync()
             prepare_s = time.perf_counter() - t
         seconds = timed_decode(step, args.steps, max(0, args.warmup - (3 if compiled else 0)))
-    return {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+        out: dict[str, Any] = {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+        lengths = _lengths(args)
+        if lengths:
+            del cache, state
+
+            def prefill(tokens: torch.Tensor) -> None:
+                n = len(tokens)
+                logits = hf(
+                    input_ids=tokens[None],
+                    past_key_values=DynamicCache(),
+                    use_cache=True,
+                    cache_position=torch.arange(n, device=dev),
+                ).logits
+                int(logits[0, -1].argmax())
+
+            out["prefill_ms"] = timed_prefills(prefill, lengths, model.config.vocab_size, args.seed, dev)
+    return out
 
 
 # --- driver ----------------------------------------------------------------------------------
@@ -461,6 +531,10 @@ def _ints(flag: str, text: str) -> list[int]:
     return values
 
 
+def _lengths(args: argparse.Namespace) -> list[int]:
+    return _ints("--prefill-lengths", args.prefill_lengths) if args.prefill_lengths.strip() else []
+
+
 def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
     """One line naming the flag for each bad value, before any model is built; the batches and
     each compiled engine's batches."""
@@ -475,6 +549,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
     if bad or not args.engines:
         raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
     batches = _ints("--batches", args.batches)
+    _lengths(args)
     compiled_batches = {
         "compiled-peer": set(_ints("--compiled-batches", args.compiled_batches)),
         "hf-compiled": set(_ints("--hf-batches", args.hf_batches)),
@@ -563,7 +638,13 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "verification": verification,
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
-        "protocol": {"prompt": args.prompt, "steps": args.steps, "warmup": args.warmup, "dtype": args.dtype},
+        "protocol": {
+            "prompt": args.prompt,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "dtype": args.dtype,
+            "prefillLengths": _lengths(args),
+        },
         "device": {
             "name": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
             "count": torch.cuda.device_count(),

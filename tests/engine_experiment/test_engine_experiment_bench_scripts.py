@@ -32,6 +32,11 @@ BAD_FLAGS = [
     ("decode.py", ["--device", "cpu", "--batches", "1,0"], "--batches must be comma-separated positive"),
     ("decode.py", ["--device", "cpu", "--knobs", "kv_cache=nope"], "knob 'kv_cache' of build 'reference'"),
     ("decode.py", ["--device", "cpu", "--engines", "vllm"], "--engines must be comma-separated from"),
+    (
+        "decode.py",
+        ["--device", "cpu", "--prefill-lengths", "64,x"],
+        "--prefill-lengths must be comma-separated",
+    ),
     ("hot_vs_cold.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
     ("hot_vs_cold.py", ["--dtype", "int3"], "dtype must be one of bfloat16, float16, float32"),
     ("demo_stability.py", ["--runs", "0"], "--runs must be a positive integer"),
@@ -116,3 +121,20 @@ def test_fidelity_records_the_estimate_beside_the_full_replay(tmp_path: Path) ->
         assert build["full"]["outputTokS"] > 0 and build["estimate"]["outputTokS"] > 0
         assert set(build["error"]) == {"outputTokS", "totalTokS", "ttftP95Ms", "itlP95Ms"}
     assert doc["device"]["type"] == "cpu" and doc["command"] and doc["date"]
+
+
+def test_decode_times_a_prefill_of_each_length_for_every_engine(tmp_path: Path) -> None:
+    out = tmp_path / "decode.json"
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "decode.py"), "--device", "cpu", "--models", "tiny", "--batches", "2",
+         "--engines", "polymorph,hf-eager", "--knobs", "kv_cache=static,decode_step=fused", "--steps", "2",
+         "--warmup", "1", "--prefill-lengths", "8,40", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["protocol"]["prefillLengths"] == [8, 40]
+    assert [r["engine"] for r in doc["rows"]] == ["polymorph", "hf-eager"]
+    for row in doc["rows"]:
+        assert row.get("error") is None, row
+        assert set(row["prefill_ms"]) == {"8", "40"} and all(ms > 0 for ms in row["prefill_ms"].values())
