@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from pairing_support import paired
 
-from polymorph.compile.agents.base import BudgetExhausted
 from polymorph.compile.agents.search import (
     SearchAgent,
     config_key,
@@ -25,8 +24,9 @@ from polymorph.compile.agents.search import (
     with_requirements,
 )
 from polymorph.compile.campaign import Campaign, CampaignSettings
+from polymorph.compile.judgement import BudgetExhausted, budget_share
 from polymorph.compile.ledger import CampaignPaths, config_uid
-from polymorph.compile.selection import budget_share, compare, select_result
+from polymorph.compile.selection import score, select_result
 from polymorph.contract.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
 from polymorph.contract.api.build import PairedComparison, Timings
 from polymorph.contract.api.common import Constraint, Histogram, WorkloadProfile
@@ -354,21 +354,21 @@ def test_paired_rule_and_helpers() -> None:
         fig = figures(tps, jitter)
         return record(CAND_ID, fig, paired(fig, figures(base_tps, jitter, shift=1), BASE_ID))
 
-    assert compare(cand(110, 0.01), base, obj, 1.05).significant
-    assert not compare(cand(110, 0.08), base, obj, 1.05).significant  # the interval reaches below 1.05
-    assert not compare(cand(103, 0.005), base, obj, 1.05).significant  # surely faster, not by the gate
+    assert score(cand(110, 0.01), base, obj, 1.05).wins
+    assert not score(cand(110, 0.08), base, obj, 1.05).wins  # the interval reaches below 1.05
+    assert not score(cand(103, 0.005), base, obj, 1.05).wins  # surely faster, not by the gate
     # Unpaired figures are never a win, however large the ratio: separate measurements drift.
-    unpaired = compare(record(CAND_ID, figures(200)), base, obj, 1.05)
-    assert unpaired.speedup == pytest.approx(2.0) and not unpaired.significant
+    unpaired = score(record(CAND_ID, figures(200)), base, obj, 1.05)
+    assert unpaired.estimate.value == pytest.approx(2.0) and not unpaired.wins
     # Paired with another build than the one compared against: treated as unpaired.
     other = cand(150, 0.01).model_copy(update={"comparison": paired(figures(150), figures(100), CAND_ID)})
-    assert not compare(other, base, obj, 1.05).significant
+    assert not score(other, base, obj, 1.05).wins
     # A latency objective pairs the per-pass p95 lists; a speedup > 1 means lower latency.
     lat = Objective(metric="itlP95")
     fast, slow = figures(100, itl=5.0), figures(100, itl=10.0, shift=1)
-    assert compare(
+    assert score(
         record(CAND_ID, fast, paired(fast, slow, BASE_ID)), base, lat, 1.05
-    ).speedup == pytest.approx(2.0, rel=0.02)
+    ).estimate.value == pytest.approx(2.0, rel=0.02)
     assert [budget_share(10, 3, i) for i in range(3)] == [4, 3, 3]
     assert owner({"a": 1}, 1) == 0
     defaults = {"a": 1, "b": "x"}
@@ -384,14 +384,12 @@ def test_one_wild_pair_does_not_flip_the_verdict() -> None:
     b, c = figures(2900), figures(4170)
     b = b.model_copy(update={"repeats": base_passes})
     c = c.model_copy(update={"repeats": cand_passes})
-    won = compare(record(CAND_ID, c, paired(c, b, BASE_ID)), record(BASE_ID, b), Objective(), 1.05)
-    assert won.significant and won.speedup == pytest.approx(1.43, abs=0.02)
+    won = score(record(CAND_ID, c, paired(c, b, BASE_ID)), record(BASE_ID, b), Objective(), 1.05)
+    assert won.wins and won.estimate.value == pytest.approx(1.43, abs=0.02)
     # A wild candidate pass (3x slow) among six does not turn it either.
     c6 = c.model_copy(update={"repeats": [*cand_passes, 1400.0]})
     b6 = b.model_copy(update={"repeats": [*base_passes, 2900.0]})
-    assert compare(
-        record(CAND_ID, c6, paired(c6, b6, BASE_ID)), record(BASE_ID, b6), Objective(), 1.05
-    ).significant
+    assert score(record(CAND_ID, c6, paired(c6, b6, BASE_ID)), record(BASE_ID, b6), Objective(), 1.05).wins
 
 
 def test_no_improvement_is_explicit() -> None:

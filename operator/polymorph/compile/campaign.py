@@ -1,17 +1,26 @@
 """A compile campaign: an agent proposes builds, a runner measures them, a ledger remembers them.
 
 ``Campaign`` is the shell of one sandbox's share of a campaign: it runs the baseline, hands
-the agent its ``AgentContext`` (``context``), appends every experiment to the ledger, keeps
-the progress document current, stores each eligible candidate build with its manifest, has
-the best build judged (``judgement.judge``) and confirmed (``confirmation.confirm``), and
-finally writes ``result.json``. The pure rules are elsewhere: what wins, the ranking and the
-leaderboard in ``selection``; where builds stand and the judgement in ``judgement``; the
-experiment and time budget in ``budget``.
+itself to the agent, appends every experiment to the ledger, keeps the progress document
+current, stores each eligible candidate build with its manifest, has the best build judged and
+confirmed (``judgement.judge``, ``judgement.confirm``), and finally writes ``result.json``.
+Why it stopped and how the best build was settled is ``judgement`` (the standings, the budget
+and its reserve, the races, the confirmation); what wins is ``selection``; the ranking's
+arithmetic is ``ranking``.
+
+What an agent sees. An ``Agent`` is handed the ``Campaign`` and uses its ``settings`` (sandbox,
+base build, workload, objective, gates, hardware), its ``standings`` (baseline, scores,
+leaderboard, best build), its ``budget`` (experiments and seconds left, tokens), its
+``workdir``, ``dir_of`` and ``log``, and one verb: ``run_experiment``. The ledger, the store and
+the progress document are the shell's. When the budget or the deadline is spent,
+``run_experiment`` raises ``judgement.BudgetExhausted`` and the agent should let it propagate;
+an agent that cannot go on (its API failed for good) raises ``AgentError`` with one sentence
+for people.
 
 Resuming. An experiment whose ``(build id, workload hash)`` is already in the ledger is never
 run again: its recorded result is returned, which lets a deterministic agent replay its path
-for free. The budget's clock counts campaign time across runs (``budget``). A campaign run
-again after it finished on the same budget reports its result as it was.
+for free. The budget's clock counts campaign time across runs (``judgement.SandboxBudget``).
+A campaign run again after it finished on the same budget reports its result as it was.
 
 Pairing. Every candidate is benchmarked paired with a baseline in the same engine
 (``Runner.run(build, against=...)``): by default the base build, or the build an agent names
@@ -42,12 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
-from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted
-from polymorph.compile.budget import SandboxBudget
-from polymorph.compile.confirmation import confirm
-from polymorph.compile.context import AgentContext
-from polymorph.compile.judgement import Standings, judge
+from polymorph.compile.judgement import BudgetExhausted, SandboxBudget, Standings, confirm, judge
 from polymorph.compile.ledger import CampaignPaths, Ledger
 from polymorph.compile.outcome import CampaignOutcome
 from polymorph.compile.selection import counts, eligible, score, select_result, summary
@@ -60,13 +66,28 @@ from polymorph.contract.documents import (
     ProgressBest,
     ProgressBudget,
     SandboxState,
+    Speedup,
     StopReason,
 )
 from polymorph.contract.errors import BuildError
 from polymorph.contract.runner import Runner
 from polymorph.contract.store import Store, build_archive_key, build_id
 
-__all__ = ["Campaign", "CampaignSettings"]
+__all__ = ["Agent", "AgentError", "Campaign", "CampaignSettings"]
+
+
+class AgentError(Exception):
+    """The agent cannot go on; the message is one sentence for people and holds no secret."""
+
+
+class Agent(Protocol):
+    """Proposes builds until it is done or the campaign stops it."""
+
+    name: str
+
+    def run(self, campaign: Campaign) -> str:
+        """Explore; return a one-line summary when finished. May raise BudgetExhausted or AgentError."""
+        ...
 
 
 @dataclass
@@ -152,7 +173,16 @@ class Campaign:
         screen: bool = False,
     ) -> ExperimentRecord:
         """Run ``build_dir`` paired with ``against``'s build (default: the base build), or return
-        the ledger's record of that same pairing (by the same protocol: ``screen`` or full)."""
+        the ledger's record of that same pairing (by the same protocol) when it already ran on
+        this workload.
+
+        ``usage`` (tokens spent to propose this build) goes into the experiment's record.
+        ``screen``: the short screening protocol (a few pairs, a wider interval), for ranking
+        many candidates; the judgement races what may be the best by the full protocol before
+        the result is chosen.
+
+        Raises ``BudgetExhausted`` when no new experiment may start.
+        """
         bid = build_id(build_dir)
         self._dirs.setdefault(bid, build_dir)
         against_id: str | None = None
@@ -210,8 +240,13 @@ class Campaign:
             return settled[-1]
         return same[-1] if len(same) >= 2 else None
 
+    def _run_build(self, build: str, description: str, against: ExperimentRecord | None) -> ExperimentRecord:
+        """``run_experiment`` by build id, by the full protocol (how the judgement runs builds)."""
+        return self.run_experiment(self.dir_of(build), description=description, against=against)
+
     def dir_of(self, build: str) -> Path:
-        """A directory holding ``build`` (the base, one this campaign ran, or fetched from the store)."""
+        """A directory holding ``build`` (the base, one this campaign ran, or fetched from the store;
+        read-only for agents: copy it)."""
         if build == self.base_id:
             return self.settings.base_dir
         if build not in self._dirs:
@@ -251,6 +286,7 @@ class Campaign:
         self._stored.add(record.build)
 
     def log(self, message: str) -> None:
+        """A line for people (the campaign's display)."""
         self._log(message)
 
     # --- progress and result ----------------------------------------------------------------
@@ -266,7 +302,7 @@ class Campaign:
         objective = self.settings.objective
         base = self.standings.baseline
         best: ProgressBest | None = None
-        top = self.standings.best()
+        top = self.standings.best() if base is not None else None
         if top is not None and base is not None and top.figures is not None and top is not base:
             # Paired with the baseline: the selection's own verdict; otherwise the ranking's
             # estimate over the baseline, not yet a verdict (never significant).
@@ -276,11 +312,8 @@ class Campaign:
             if est is not None:
                 best = ProgressBest(
                     **dict(summary(top, objective)),
-                    speedup=est.value,
-                    speedupNoise=est.half_width,
+                    **dict(Speedup.of(est, paired=scored is not None)),
                     significant=scored is not None and scored.wins,
-                    speedupCi=[est.lo, est.hi],
-                    pairs=est.n if scored is not None else 0,
                 )
         return Progress(
             sandbox=self.settings.sandbox,
@@ -391,14 +424,14 @@ class Campaign:
                 why = base.error or base.status
                 message = f"the base build did not pass ({why}), so no candidate can be compared with it"
             else:
-                message = agent.run(AgentContext(self)) or "the agent finished"
+                message = agent.run(self) or "the agent finished"
         except BudgetExhausted as exc:
             stop, message = exc.reason, str(exc)
         except AgentError as exc:
             stop, message = "agentError", str(exc)
         baseline = self.standings.baseline
         if baseline is not None and self.standings.eligible(baseline):
-            judge(self)
+            judge(self.standings, self.budget, self._run_build)
         # "failed" only when nothing could be compared; an agent that failed after the baseline
         # still leaves a valid result (its best so far).
         self.state = "failed" if stop == "baselineFailed" or baseline is None else "finished"

@@ -17,7 +17,7 @@ its interval from the covariance: two builds never paired directly can still be 
 and builds measured against the same comparator share its error, which then cancels.
 
 Intervals are normal-equivalent: an edge's ``se`` is its 95% interval's log-width over
-``2 * 1.96``, so a small-sample t interval (wide) stays wide here, never narrower.
+``2 * Z95`` (``log_se``), so a small-sample t interval (wide) stays wide here, never narrower.
 
 Pure: edges in, estimates out (``selection.edges`` turns records into edges). It knows nothing
 about records, the ledger, runners or agents.
@@ -33,10 +33,15 @@ import numpy as np
 
 from polymorph.contract import stats
 
-__all__ = ["Z95", "Edge", "Ranking", "solve"]
+__all__ = ["Z95", "Edge", "Ranking", "log_se", "solve"]
 
 Z95 = 1.959963984540054
 """The normal quantile of a two-sided 95% interval."""
+
+
+def log_se(lo: float, hi: float) -> float:
+    """The normal-equivalent standard error of a log ratio whose 95% interval is ``[lo, hi]`` (> 0)."""
+    return (math.log(hi) - math.log(lo)) / (2 * Z95)
 
 
 @dataclass(frozen=True)

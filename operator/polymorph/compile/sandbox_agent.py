@@ -8,7 +8,7 @@ metadata, or a bare spec with ``--name``), waits for the engine container, drive
 ``compilejobs/<ns>/<name>-<uid>/`` in the store (``--store`` or ``$POLYMORPH_STORE``). Its share
 is ``$JOB_COMPLETION_INDEX`` (or ``--index``) of ``spec.budget.sandboxes``. It never loads the
 model or imports torch. It prints a JSON summary on stdout; its exit status is
-``campaign.exit_status``, the same rule as ``polymorph compile``.
+``outcome.exit_status``, the same rule as ``polymorph compile``.
 
 The result's ``hardware`` comes from ``spec.hardware`` or ``--hardware``. The engine container
 is ``polymorph_engine.sandbox.cli``.
@@ -26,10 +26,10 @@ from pathlib import Path
 from polymorph.compile import report_html
 from polymorph.compile.agents import make_agent
 from polymorph.compile.campaign import Campaign, CampaignSettings
+from polymorph.compile.judgement import budget_share
 from polymorph.compile.ledger import CampaignPaths, config_uid
 from polymorph.compile.outcome import exit_status
 from polymorph.compile.report import Display
-from polymorph.compile.selection import budget_share
 from polymorph.contract.api import DEFAULT_NAMESPACE, parse_duration
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.errors import StoreError, UsageError

@@ -1,7 +1,7 @@
 """Choosing a campaign's result: pure functions over experiment records and figures.
 
-``objective_value``, ``pass_values``, ``value_ci``, ``estimate``, ``compare``, ``eligible``,
-``record_of``, ``leaderboard``, ``counts``, ``budget_share``, ``summary`` and ``select_result`` take plain records
+``objective_value``, ``pass_values``, ``value_ci``, ``estimate``, ``score``, ``eligible``,
+``record_of``, ``leaderboard``, ``counts``, ``summary`` and ``select_result`` take plain records
 (``ExperimentRecord``, ``Figures``, ``Objective``, ``Gates``) and return plain values or the
 documents of ``documents``.
 
@@ -37,18 +37,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from polymorph.compile.agents.base import Comparison
-from polymorph.compile.ranking import Z95, Edge, Ranking, solve
+from polymorph.compile.ranking import Edge, Ranking, log_se, solve
 from polymorph.contract import stats
 from polymorph.contract.api import ExperimentRecord, Figures, Gates, Objective
 from polymorph.contract.api.common import Constraint
-from polymorph.contract.documents import CampaignResult, Counts, ResultBest, Standing
+from polymorph.contract.documents import CampaignResult, Counts, ResultBest, Speedup, Standing
 
 __all__ = [
     "EdgeMemo",
     "Scored",
-    "budget_share",
-    "compare",
     "counts",
     "describe",
     "edge_of",
@@ -144,28 +141,6 @@ def estimate(
     return stats.ratio(*_oriented(cand, base, objective)), False
 
 
-def compare(
-    record: ExperimentRecord, against: ExperimentRecord, objective: Objective, min_speedup: float = 1.0
-) -> Comparison | None:
-    """``record`` versus ``against`` on the objective; ``significant`` applies the module's winning rule.
-
-    None when either misses figures.
-    """
-    if record.figures is None or against.figures is None:
-        return None
-    value = objective_value(record.figures, objective)
-    if record.comparison is not None and record.comparison.against == against.build:
-        baseline_value = objective_value(record.comparison.baseline, objective)
-    else:
-        baseline_value = objective_value(against.figures, objective)
-    found = estimate(record, against, objective)
-    if found is None:
-        return Comparison(value, baseline_value, 0.0, math.inf, False)
-    est, paired = found
-    significant = paired and stats.verdict(est, min_speedup) is stats.Verdict.BETTER
-    return Comparison(value, baseline_value, est.value, est.half_width, significant)
-
-
 def edge_of(record: ExperimentRecord, objective: Objective) -> Edge | None:
     """The edge of the comparison graph (``ranking``) a paired, eligible record measures: log of
     its oriented paired ratio and a normal-equivalent standard error (None: unpaired, failed, or
@@ -180,7 +155,7 @@ def edge_of(record: ExperimentRecord, objective: Objective) -> Edge | None:
     est = stats.paired_ratio(*_oriented(cand, base, objective))
     if not (math.isfinite(est.hi) and est.lo > 0):
         return None
-    se = max((math.log(est.hi) - math.log(est.lo)) / (2 * Z95), 1e-6)
+    se = max(log_se(est.lo, est.hi), 1e-6)
     return Edge(record.build, comparison.against, math.log(est.value), se, est.n)
 
 
@@ -264,11 +239,6 @@ def counts(records: Iterable[ExperimentRecord]) -> Counts:
     )
 
 
-def budget_share(max_experiments: int, sandboxes: int, sandbox: int) -> int:
-    """Sandbox ``sandbox``'s share of the campaign's experiments (shares differ by at most one)."""
-    return max_experiments // sandboxes + (1 if sandbox < max_experiments % sandboxes else 0)
-
-
 def summary(record: ExperimentRecord, objective: Objective) -> Standing:
     """One eligible record as result and progress documents show it (build, value ±CI, figures)."""
     assert record.figures is not None
@@ -287,7 +257,11 @@ def summary(record: ExperimentRecord, objective: Objective) -> Standing:
 
 @dataclass(frozen=True)
 class Scored:
-    """A candidate record with its speedup over its sandbox's baseline and the verdict at minSpeedup."""
+    """A record's speedup over a baseline (``estimate``, with its 95% interval), whether it was
+    paired with that baseline, and the verdict at the gate: the one speedup type of ``compile``.
+
+    ``wins``: paired, and the interval's lower end clears the gate (``stats.verdict`` is
+    ``better``); an unpaired ratio of two separate measurements never wins."""
 
     record: ExperimentRecord
     baseline: ExperimentRecord
@@ -313,13 +287,9 @@ def score(
 
 def ranked(scored: Scored, objective: Objective) -> ResultBest:
     """A scored record as the result shows it."""
-    est = scored.estimate
     return ResultBest(
         **dict(summary(scored.record, objective)),
-        speedup=est.value,
-        speedupNoise=est.half_width,
-        speedupCi=[est.lo, est.hi],
-        pairs=est.n if scored.paired else 0,
+        **dict(Speedup.of(scored.estimate, paired=scored.paired)),
         knobs=scored.record.knobs,
     )
 

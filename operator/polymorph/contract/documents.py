@@ -14,12 +14,13 @@ It is torch-free and knows nothing about how the documents are computed (``selec
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from polymorph.contract.api import ExperimentStatus, Figures, Objective, WorkloadProfile
 from polymorph.contract.api.build import TokenUsage
+from polymorph.contract.stats import Estimate
 
 __all__ = [
     "CampaignResult",
@@ -31,6 +32,7 @@ __all__ = [
     "ResultBest",
     "ResultState",
     "SandboxState",
+    "Speedup",
     "Standing",
     "StopReason",
 ]
@@ -78,35 +80,52 @@ class Standing(_Document):
     passes: int = 0
 
 
-class ProgressBest(Standing):
-    """The best build so far in a sandbox, compared with that sandbox's baseline.
+Value = TypeVar("Value", float, float | None)
 
-    ``speedup`` is the paired candidate / baseline ratio (oriented so that > 1 is better),
-    ``speedupCi`` its 95% interval, ``speedupNoise`` the interval's relative half-width and
-    ``pairs`` the interleaved pairs behind it (0: not paired with the baseline, so the speedup
-    is a ratio of medians and never significant). ``significant``: the interval's lower end
-    clears ``minSpeedup`` (``polymorph.contract.stats.verdict`` is ``better``).
+
+class Speedup(_Document, Generic[Value]):
+    """A build's speedup over its sandbox's baseline, with its interval: the fields every document
+    that compares a build with the baseline carries (``ProgressBest``, ``ResultBest``, ``Confirmation``).
+
+    ``speedup`` is the candidate / baseline ratio (oriented so that > 1 is better), ``speedupCi``
+    its 95% interval, ``speedupNoise`` the interval's relative half-width and ``pairs`` the
+    interleaved pairs behind it (0: not paired with the baseline, so the speedup is a ratio of
+    medians and never significant). ``Value`` is ``float | None`` where a document may hold no
+    speedup (a confirmation whose re-measurement failed).
     """
 
-    speedup: float
-    speedupNoise: float
+    speedup: Value
+    speedupNoise: Value
+    speedupCi: list[float] | None = None
+    pairs: int = 0
+
+    @staticmethod
+    def of(est: Estimate, *, paired: bool) -> Speedup[float]:
+        """The speedup of ``est`` (``pairs`` 0 when it is not a paired ratio); a document takes its
+        fields as ``**dict(Speedup.of(...))``."""
+        return Speedup[float](
+            speedup=est.value,
+            speedupNoise=est.half_width,
+            speedupCi=[est.lo, est.hi],
+            pairs=est.n if paired else 0,
+        )
+
+
+class ProgressBest(Speedup[float], Standing):
+    """The best build so far in a sandbox, compared with that sandbox's baseline (``Speedup``).
+
+    ``significant``: paired, and the interval's lower end clears ``minSpeedup``
+    (``polymorph.contract.stats.verdict`` is ``better``).
+    """
+
     significant: bool
-    speedupCi: list[float] | None = None
-    pairs: int = 0
 
 
-class ResultBest(Standing):
-    """The campaign's winner (or closest miss), compared with its sandbox's baseline.
+class ResultBest(Speedup[float], Standing):
+    """The campaign's winner (or closest miss), compared with its sandbox's baseline (``Speedup``:
+    from the interleaved comparison with the baseline in one engine)."""
 
-    ``speedup``, ``speedupCi``, ``speedupNoise`` and ``pairs`` are as in ``ProgressBest``: from the
-    interleaved comparison with the baseline in one engine.
-    """
-
-    speedup: float
-    speedupNoise: float
     knobs: dict[str, str | bool | int | float]
-    speedupCi: list[float] | None = None
-    pairs: int = 0
     uri: str | None = None
     """Where the store keeps the build (set for ``best`` once it is stored)."""
 
@@ -141,13 +160,12 @@ class Progress(_Document):
     workloadHash: str
 
 
-class Confirmation(_Document):
+class Confirmation(Speedup[float | None]):
     """The winner re-measured paired with the baseline (interleaved in one engine) before it is declared.
 
-    ``speedup`` is the new paired ratio, ``speedupCi`` its 95% interval, ``speedupNoise`` the
-    interval's relative half-width and ``pairs`` the pairs behind it; ``confirmed`` means the
-    interval's lower end clears ``minSpeedup`` again. ``baselineStatus`` and ``bestStatus`` are the
-    statuses of the runs behind the two sides (one paired run: the same run).
+    Its ``Speedup`` is the new paired ratio (None when the re-measurement gave none); ``confirmed``
+    means the interval's lower end clears ``minSpeedup`` again. ``baselineStatus`` and
+    ``bestStatus`` are the statuses of the runs behind the two sides (one paired run: the same run).
     """
 
     confirmed: bool
@@ -155,10 +173,6 @@ class Confirmation(_Document):
     bestStatus: ExperimentStatus
     baselineValue: float | None = None
     value: float | None = None
-    speedup: float | None = None
-    speedupNoise: float | None = None
-    speedupCi: list[float] | None = None
-    pairs: int = 0
 
 
 class CampaignResult(_Document):

@@ -1,27 +1,18 @@
 """Agents that propose builds in a compile campaign: ``SearchAgent`` (offline) and ``ClaudeAgent``.
 
-Both speak only to a ``CampaignContext`` (see ``base``) and write the same experiment records
-through it. ``make_agent`` is the one factory that ``polymorph compile`` and ``polymorph sandbox
+Both are handed the ``campaign.Campaign`` (what an agent may use of it is in ``campaign``'s
+docstring) and write the same experiment records through its ``run_experiment``. ``make_agent`` is the one factory that ``polymorph compile`` and ``polymorph sandbox
 agent`` use. Importing this package imports neither torch nor the Anthropic SDK (``claude``
 imports the SDK only when its agent runs, since it is the optional ``agent`` extra).
 """
 
 from __future__ import annotations
 
-from polymorph.compile.agents.base import Agent, AgentError, BudgetExhausted, CampaignContext, Comparison
 from polymorph.compile.agents.claude import ClaudeAgent, resolve_api_key
 from polymorph.compile.agents.search import SearchAgent
+from polymorph.compile.campaign import Agent
 
-__all__ = [
-    "Agent",
-    "AgentError",
-    "BudgetExhausted",
-    "CampaignContext",
-    "ClaudeAgent",
-    "Comparison",
-    "SearchAgent",
-    "make_agent",
-]
+__all__ = ["ClaudeAgent", "SearchAgent", "make_agent"]
 
 
 def make_agent(

@@ -38,7 +38,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polymorph.compile.agents.base import AgentError, BudgetExhausted, CampaignContext
 from polymorph.compile.agents.claude_context import (
     MAX_FILE_BYTES,
     MAX_SOURCE_CHARS,
@@ -51,6 +50,8 @@ from polymorph.compile.agents.claude_context import (
     safe_path,
     system_prompt,
 )
+from polymorph.compile.campaign import AgentError, Campaign
+from polymorph.compile.judgement import BudgetExhausted
 from polymorph.contract import timeouts
 from polymorph.contract.api.build import TokenUsage
 from polymorph.contract.errors import StoreError, UsageError
@@ -133,18 +134,22 @@ class ClaudeAgent:
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def run(self, ctx: CampaignContext) -> str:
+    def run(self, campaign: Campaign) -> str:
         import anthropic  # lazy: the optional `agent` extra; only a Claude campaign needs the SDK
 
         client = self.client()
-        self.used = ctx.token_usage()
-        work = Path(ctx.workdir) / "claude-working-copy"
-        shutil.copytree(ctx.best_dir(), work, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        system = system_prompt(ctx, self.instructions)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": self._intro(ctx, work)}]
+        self.used = campaign.budget.tokens
+        work = Path(campaign.workdir) / "claude-working-copy"
+        shutil.copytree(
+            campaign.dir_of(campaign.standings.best().build),
+            work,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
+        system = system_prompt(campaign, self.instructions)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": self._intro(campaign, work)}]
         nudges = 0
         while True:
-            ctx.ensure_budget()  # no experiment could run, so asking the model is pointless
+            campaign.budget.ensure()  # no experiment could run, so asking the model is pointless
             if self.used.inputTokens + self.used.outputTokens >= self.max_tokens:
                 raise BudgetExhausted("tokens", f"the token budget ({self.max_tokens} tokens) is spent")
             compact(messages)
@@ -153,7 +158,7 @@ class ClaudeAgent:
                 inputTokens=response.usage.input_tokens or 0, outputTokens=response.usage.output_tokens or 0
             )
             self._add(usage)
-            ctx.record_usage(usage)
+            campaign.budget.record_usage(usage)
             content = [p for p in (_block_param(b) for b in response.content) if p is not None]
             messages.append(
                 {"role": "assistant", "content": content or [{"type": "text", "text": "(no content)"}]}
@@ -169,7 +174,7 @@ class ClaudeAgent:
                         }
                     )
                     continue
-                ctx.log(f"the model ended its turn ({response.stop_reason}) without calling finish")
+                campaign.log(f"the model ended its turn ({response.stop_reason}) without calling finish")
                 return f"the model stopped ({response.stop_reason}) without calling finish"
             nudges = 0
             results: list[dict[str, Any]] = []
@@ -184,7 +189,7 @@ class ClaudeAgent:
                         summary = str(args.get("summary", "")) or "finished"
                         results.append(_result(call.id, "campaign finished"))
                     else:
-                        results.append(_result(call.id, self._tool(ctx, work, call.name, call.input)))
+                        results.append(_result(call.id, self._tool(campaign, work, call.name, call.input)))
                 except ToolError as exc:
                     results.append(_result(call.id, str(exc), True))
                 except OSError as exc:  # e.g. writing "a/b" where "a" is a file
@@ -221,10 +226,10 @@ class ClaudeAgent:
             outputTokens=self._pending.outputTokens + usage.outputTokens,
         )
 
-    def _intro(self, ctx: CampaignContext, work: Path) -> str:
+    def _intro(self, campaign: Campaign, work: Path) -> str:
         parts = [
             "Leaderboard (best first):",
-            leaderboard_text(ctx),
+            leaderboard_text(campaign),
             "",
             "Your working copy is a copy of the best build so far. Its files:",
         ]
@@ -245,7 +250,7 @@ class ClaudeAgent:
 
     # --- tools --------------------------------------------------------------------------------
 
-    def _tool(self, ctx: CampaignContext, work: Path, name: str, args: Any) -> str:
+    def _tool(self, campaign: Campaign, work: Path, name: str, args: Any) -> str:
         args = args if isinstance(args, dict) else {}
         if name == "list_files":
             return "\n".join(f"{rel} ({size} bytes)" for rel, size in files_of(work)) or "(no files)"
@@ -277,20 +282,20 @@ class ClaudeAgent:
         if name == "run_experiment":
             description = str(args.get("description", ""))[:500]
             self._snapshots += 1
-            snapshot = Path(ctx.workdir) / f"claude-{self._snapshots:04d}"
+            snapshot = Path(campaign.workdir) / f"claude-{self._snapshots:04d}"
             while snapshot.exists():
                 self._snapshots += 1
-                snapshot = Path(ctx.workdir) / f"claude-{self._snapshots:04d}"
+                snapshot = Path(campaign.workdir) / f"claude-{self._snapshots:04d}"
             shutil.copytree(
                 work, snapshot, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
             )
             usage, self._pending = self._pending, TokenUsage()
             try:
-                record = ctx.run_experiment(snapshot, description=description, usage=usage)
+                record = campaign.run_experiment(snapshot, description=description, usage=usage)
             except StoreError as exc:  # the snapshot cannot be archived (size, odd files)
                 self._pending = usage  # still owed to the next experiment's record
                 raise ToolError(f"this build cannot be run: {exc}") from None
-            return describe_record(record, ctx) + "\n\nLeaderboard:\n" + leaderboard_text(ctx, 5)
+            return describe_record(record, campaign) + "\n\nLeaderboard:\n" + leaderboard_text(campaign, 5)
         known = ", ".join(t["name"] for t in TOOLS)
         raise ToolError(f"unknown tool {name!r}; the tools are {known}")
 

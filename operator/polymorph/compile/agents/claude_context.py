@@ -1,7 +1,7 @@
 """What the Claude agent shows and guards: tool definitions, the system prompt, record and
 leaderboard text, the working-copy path check, and conversation compaction.
 
-Pure functions over a ``CampaignContext`` and plain messages; they never call the API. The
+Pure functions over a ``campaign.Campaign`` and plain messages; they never call the API. The
 agent loop that uses them is ``claude.ClaudeAgent``.
 """
 
@@ -12,7 +12,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from polymorph.compile.agents.base import CampaignContext
+from polymorph.compile.campaign import Campaign
 from polymorph.contract.api import ExperimentRecord
 
 __all__ = [
@@ -129,7 +129,7 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def describe_record(record: ExperimentRecord, ctx: CampaignContext) -> str:
+def describe_record(record: ExperimentRecord, campaign: Campaign) -> str:
     """An experiment's outcome as the model reads it."""
     lines = [f"build {record.build}", f"status: {record.status}"]
     if record.error:
@@ -138,8 +138,8 @@ def describe_record(record: ExperimentRecord, ctx: CampaignContext) -> str:
     if v is not None:
         lines.append(
             f"verification: passed={v.passed} tokenAgreement={_fmt(v.tokenAgreement)} "
-            f"(gate >= {ctx.gates.tokenAgreement:g}) logitError={_fmt(v.logitError)} "
-            f"(gate <= {ctx.gates.logitTolerance:g}) finite={v.finite}"
+            f"(gate >= {campaign.settings.gates.tokenAgreement:g}) logitError={_fmt(v.logitError)} "
+            f"(gate <= {campaign.settings.gates.logitTolerance:g}) finite={v.finite}"
         )
     f = record.figures
     if f is not None:
@@ -158,36 +158,37 @@ def describe_record(record: ExperimentRecord, ctx: CampaignContext) -> str:
                 f"{paired.confidence:.0%} interval [{paired.lo:.3f}, {paired.hi:.3f}] over {paired.pairs} pairs "
                 f"({paired.order}, {paired.clock} clock)"
             )
-        cmp = ctx.compare(record)
-        if cmp is not None:
+        scored = campaign.standings.compare(record)
+        if scored is not None:
             verdict = (
                 "significant: paired, and the interval's lower bound is above 1x"
-                if cmp.significant
+                if scored.wins
                 else "not significant: unpaired, or the interval reaches 1x"
             )
             lines.append(
-                f"vs baseline: {cmp.speedup:.3f}x on {ctx.objective.metric} ±{cmp.noise * 100:.1f}% ({verdict})"
+                f"vs baseline: {scored.estimate.value:.3f}x on {campaign.settings.objective.metric} "
+                f"±{scored.estimate.half_width * 100:.1f}% ({verdict})"
             )
-        if not ctx.eligible(record):
+        if not campaign.standings.eligible(record):
             lines.append("constraints: violated, so this build cannot win")
     t = record.timings
     lines.append(f"timings: load {t.loadS:.2f}s verify {t.verifyS:.2f}s bench {t.benchS:.2f}s")
-    lines.append(f"experiments left: {ctx.experiments_left()}")
+    lines.append(f"experiments left: {campaign.budget.experiments_left()}")
     return "\n".join(lines)
 
 
-def leaderboard_text(ctx: CampaignContext, limit: int = 10) -> str:
+def leaderboard_text(campaign: Campaign, limit: int = 10) -> str:
     rows = []
-    for i, r in enumerate(ctx.leaderboard(limit), 1):
-        cmp = ctx.compare(r)
-        speed = f"{cmp.speedup:.3f}x ±{cmp.noise * 100:.0f}%" if cmp else "-"
+    for i, r in enumerate(campaign.standings.leaderboard(limit), 1):
+        scored = campaign.standings.compare(r)
+        speed = f"{scored.estimate.value:.3f}x ±{scored.estimate.half_width * 100:.0f}%" if scored else "-"
         desc = (r.description or r.name)[:80]
         rows.append(f"{i}. {r.build[:19]} {speed} knobs={json.dumps(r.knobs, sort_keys=True)} {desc}")
     return "\n".join(rows) or "(empty)"
 
 
-def system_prompt(ctx: CampaignContext, instructions: str) -> str:
-    objective = ctx.objective
+def system_prompt(campaign: Campaign, instructions: str) -> str:
+    objective = campaign.settings.objective
     direction = "maximise" if objective.maximize else "minimise"
     constraints = ", ".join(
         f"{c.metric}"
@@ -196,16 +197,18 @@ def system_prompt(ctx: CampaignContext, instructions: str) -> str:
         for c in objective.constraints
     )
     workload = (
-        json.dumps(ctx.workload.model_dump(mode="json")) if ctx.workload is not None else "a captured trace"
+        json.dumps(campaign.settings.workload.model_dump(mode="json"))
+        if campaign.settings.workload is not None
+        else "a captured trace"
     )
-    gates = ctx.gates
+    gates = campaign.settings.gates
     text = f"""You are optimising the inference code of a large language model for one workload on one machine.
 You edit a build: a directory with build.toml (name, parent, knobs and their defaults) and Python modules
 whose entry point turns the loaded model into a hot path (prefill, decode, new_cache, sample, free, close).
 Every experiment hot-swaps your build into a running engine, checks it against the reference build's
 golden outputs, then benchmarks a replay of the workload.
 
-Hardware: {ctx.hardware or "unknown"}
+Hardware: {campaign.settings.hardware or "unknown"}
 Workload profile: {workload}
 Objective: {direction} {objective.metric}.{" Constraints: " + constraints + "." if constraints else ""}
 Gates: token agreement >= {gates.tokenAgreement:g}, logit error <= {gates.logitTolerance:g}, and a result must beat
@@ -217,7 +220,7 @@ Rules:
 - Never special-case the benchmark, the prompts or the workload; the code must be correct for any input.
 - Keep no module-level mutable state in the build; everything lives on the hot path object.
 - Make one idea per experiment, describe it in run_experiment's description, and call finish when done.
-- You have a budget of {ctx.experiments_left()} experiments and a token budget; use them well."""
+- You have a budget of {campaign.budget.experiments_left()} experiments and a token budget; use them well."""
     if instructions.strip():
         text += f"\n\nInstructions from the campaign owner:\n{instructions.strip()}"
     return text

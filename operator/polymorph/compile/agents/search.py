@@ -61,8 +61,9 @@ from typing import Any
 
 import numpy as np
 
-from polymorph.compile.agents.base import CampaignContext
-from polymorph.compile.ranking import Edge, Ranking
+from polymorph.compile.campaign import Campaign
+from polymorph.compile.ranking import Ranking, log_se
+from polymorph.compile.selection import EdgeMemo, rank
 from polymorph.contract.api import ExperimentRecord
 from polymorph.contract.builds import knob_variant, read_build
 from polymorph.contract.store import build_id
@@ -260,12 +261,14 @@ class SearchAgent:
         self._base_id = ""
         self._defaults: Config = {}
         self._configs: dict[str, Config] = {}  # build id -> configuration
-        self._edges: dict[int, tuple[ExperimentRecord, Edge | None]] = {}  # selection.EdgeMemo
+        self._edges: EdgeMemo = {}
 
-    def run(self, ctx: CampaignContext) -> str:
-        spec = read_build(ctx.base_dir)
-        self._base_name, self._base_id = spec.name, build_id(ctx.base_dir)
-        choices = {name: list(knob.choices_on(ctx.hardware)) for name, knob in spec.knobs.items()}
+    def run(self, campaign: Campaign) -> str:
+        spec = read_build(campaign.settings.base_dir)
+        self._base_name, self._base_id = spec.name, build_id(campaign.settings.base_dir)
+        choices = {
+            name: list(knob.choices_on(campaign.settings.hardware)) for name, knob in spec.knobs.items()
+        }
         for name, knob in spec.knobs.items():  # a value that needs one this device leaves out is out too
             if any(not any(v == c for c in choices[other]) for other, v in knob.requires.items()):
                 choices[name] = [knob.default]
@@ -275,10 +278,14 @@ class SearchAgent:
             return "the base build declares no knobs, so there is nothing to search"
         self._defaults = defaults
         self._configs[self._base_id] = defaults
-        base = ctx.baseline
-        rng = np.random.default_rng([self.seed, ctx.sandbox])
+        base = campaign.standings.measured_baseline()
+        rng = np.random.default_rng([self.seed, campaign.settings.sandbox])
         everything = space(defaults, choices, requires, seed=self.seed)
-        mine = [c for c in everything[1:] if owner(c, ctx.sandboxes) == ctx.sandbox]
+        mine = [
+            c
+            for c in everything[1:]
+            if owner(c, campaign.settings.budget.sandboxes) == campaign.settings.sandbox
+        ]
         model = KnobModel(defaults, choices)
         comparator = base
         screened: set[str] = set()
@@ -300,13 +307,13 @@ class SearchAgent:
             nonlocal comparator
             key = config_key(config)
             screened.add(key)
-            record = self._attempt(ctx, config, why, comparator)
+            record = self._attempt(campaign, config, why, comparator)
             if record is not None and record.status == "timeout":
                 retry.append(config)
                 timed_out.append(values(config))
-            elif record is not None and ctx.eligible(record):
+            elif record is not None and campaign.standings.eligible(record):
                 passed.update(values(config))
-            comparator = self._comparator(ctx, comparator)
+            comparator = self._comparator(campaign, comparator)
 
         # 1.-3. Thompson sampling over the knob model until no configuration is likely to gain.
         features = model.matrix(mine)
@@ -317,9 +324,9 @@ class SearchAgent:
             open_ = [i for i, k in enumerate(keys) if k not in screened and not deferred(i)]
             if not open_:
                 break
-            model.fit(self._observations(ctx))
+            model.fit(self._observations(campaign))
             candidates = features[open_]
-            leader = model.features(self._leader_config(ctx))
+            leader = model.features(self._leader_config(campaign))
             gains = (candidates - leader) @ model.draw(rng, STOP_DRAWS).T
             if float(np.mean(gains.max(axis=0) > math.log1p(MIN_GAIN))) < STOP_PROBABILITY:
                 break
@@ -334,60 +341,59 @@ class SearchAgent:
         # 4. What timed out preparing gets one more try, warm.
         for config in retry:
             spent = max(r.timings.totalS for r in self.tried.values() if r.status == "timeout")
-            if ctx.seconds_left() < spent:
+            if campaign.budget.seconds_left() < spent:
                 break  # no time for another try that long
             why = f"retry (it timed out preparing): {_diff(defaults, config)}"
-            record = self._attempt(ctx, config, why, comparator)
-            if record is not None and ctx.eligible(record):
+            record = self._attempt(campaign, config, why, comparator)
+            if record is not None and campaign.standings.eligible(record):
                 passed.update(values(config))
 
-        lead = self._leader_config(ctx)
+        lead = self._leader_config(campaign)
         return f"screening ended; the leader is {_diff(defaults, lead) or 'the baseline'}"
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _observations(self, ctx: CampaignContext) -> list[tuple[Config, Config, float, float]]:
+    def _observations(self, campaign: Campaign) -> list[tuple[Config, Config, float, float]]:
         """Every paired, eligible record between two configurations the agent knows."""
         rows = []
         for record in self.tried.values():
             cmp = record.comparison
-            if cmp is None or not ctx.eligible(record):
+            if cmp is None or not campaign.standings.eligible(record):
                 continue
             config, against = self._configs.get(record.build), self._configs.get(cmp.against)
             if config is None or against is None or not (cmp.lo > 0 and math.isfinite(cmp.hi)):
                 continue
-            se = max((math.log(cmp.hi) - math.log(cmp.lo)) / (2 * 1.96), 1e-4)
-            y = math.log(cmp.ratio) if ctx.objective.maximize else -math.log(cmp.ratio)
+            se = max(log_se(cmp.lo, cmp.hi), 1e-4)
+            y = math.log(cmp.ratio) if campaign.settings.objective.maximize else -math.log(cmp.ratio)
             rows.append((config, against, y, se))
         return rows
 
-    def _ranking(self, ctx: CampaignContext) -> Ranking:
+    def _ranking(self, campaign: Campaign) -> Ranking:
         """The agent's own records so far, ranked by all their pairings (``selection.rank``, each
         record's edge computed once).
 
         Not the campaign's ledger: on resume the ledger already holds what comes later, and a
         comparator or leader chosen from it would change the path the agent replays."""
-        from polymorph.compile.selection import rank  # selection imports agents.base: not at import time
+        base = campaign.standings.measured_baseline()
+        return rank((base, *self.tried.values()), self._base_id, campaign.settings.objective, self._edges)
 
-        return rank((ctx.baseline, *self.tried.values()), self._base_id, ctx.objective, self._edges)
+    def _leader_config(self, campaign: Campaign) -> Config:
+        return self._configs.get(self._ranking(campaign).leader(), self._defaults)
 
-    def _leader_config(self, ctx: CampaignContext) -> Config:
-        return self._configs.get(self._ranking(ctx).leader(), self._defaults)
-
-    def _comparator(self, ctx: CampaignContext, current: ExperimentRecord) -> ExperimentRecord:
+    def _comparator(self, campaign: Campaign, current: ExperimentRecord) -> ExperimentRecord:
         """The fastest build when the evidence puts it ``SWITCH_GAIN`` above ``current`` (else ``current``)."""
-        ranking = self._ranking(ctx)
+        ranking = self._ranking(campaign)
         lead = ranking.leader()
         if lead == current.build or lead not in self._configs:
             return current
         versus = ranking.versus(lead, current.build)
-        records = [r for r in self.tried.values() if r.build == lead and ctx.eligible(r)]
+        records = [r for r in self.tried.values() if r.build == lead and campaign.standings.eligible(r)]
         if versus is None or versus.lo < SWITCH_GAIN or not records:
             return current
         return records[-1]
 
     def _attempt(
-        self, ctx: CampaignContext, config: Config, description: str, against: ExperimentRecord | None
+        self, campaign: Campaign, config: Config, description: str, against: ExperimentRecord | None
     ) -> ExperimentRecord | None:
         """Screen ``config`` paired with ``against`` (None: the baseline) unless that ran already or
         another sandbox owns the configuration."""
@@ -396,15 +402,15 @@ class SearchAgent:
         key = (config_key(config), "" if against is None else against.build)
         if key in self.tried and self.tried[key].status != "timeout":
             return self.tried[key]
-        if owner(config, ctx.sandboxes) != ctx.sandbox:
+        if owner(config, campaign.settings.budget.sandboxes) != campaign.settings.sandbox:
             return None
         digest = hashlib.sha256(key[0].encode()).hexdigest()[:16]
-        dest = Path(ctx.workdir) / f"search-{digest}"
+        dest = Path(campaign.workdir) / f"search-{digest}"
         if not dest.exists():
             # Name, parent and description are functions of the configuration, so the same
             # configuration always makes the same build id (which is what resuming relies on).
             knob_variant(
-                ctx.base_dir,
+                campaign.settings.base_dir,
                 config,
                 dest,
                 name=f"{self._base_name}-{digest[:8]}",
@@ -416,7 +422,7 @@ class SearchAgent:
             if against is None
             else f" vs {_diff(self._defaults, self._configs.get(against.build, {})) or 'the comparator'}"
         )
-        record = ctx.run_experiment(dest, description=description + vs, against=against, screen=True)
+        record = campaign.run_experiment(dest, description=description + vs, against=against, screen=True)
         self._configs[record.build] = config
         self.tried[key] = record
         return record
