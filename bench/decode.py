@@ -24,6 +24,13 @@ first token read back; a warm-up prefill of each length first, then the median o
 ``PREFILL_REPEATS``): ``prefill_ms`` maps the length to milliseconds. The peers prefill as their
 recipes do: the compiled peer eagerly (gpt-fast compiles its decode step, not its prefill), HF in
 its eager forward with a fresh cache.
+``--workload FILE`` (a WorkloadProfile or trace, as ``polymorph compile`` reads it) composes, for
+every row with prefill timings, ``shape_tok_s``: the workload's output tok/s laid out step by step
+as the scheduler runs it (``polymorph.contract.steps.simulate``) with that engine's prefill costs
+(piecewise linear through ``prefill_ms``) and every decode step at the row's batch step time (what
+a decode step compiled for a fixed batch costs at any occupancy). ``--prefill-lengths`` defaults
+to the lengths an experiment samples for that workload. It puts the peers on a shape beside a
+build's full replay (``bench/fidelity.py``), as a peer serving that traffic at that batch would.
 
 Roofline (``hot_vs_cold.decode_bytes_per_step``): bytes one step must read = every weight once
 (an untied input embedding as B rows, a tied one once, as the head) + the KV cache of B rows at
@@ -93,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the best build's knobs: name=value,name=value (several sets: ';' between)",
     )
     p.add_argument("--prompt", type=int, default=128)
+    p.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="compose each row's tok/s on this workload from its prefill and decode timings",
+    )
     p.add_argument(
         "--prefill-lengths",
         default="",
@@ -535,6 +547,34 @@ def _lengths(args: argparse.Namespace) -> list[int]:
     return _ints("--prefill-lengths", args.prefill_lengths) if args.prefill_lengths.strip() else []
 
 
+def _workload(args: argparse.Namespace) -> Any:
+    """The ``--workload`` (None without one); fills ``--prefill-lengths`` with its sampled lengths when not given."""
+    if not args.workload:
+        return None
+    from polymorph.contract.steps import plan
+    from polymorph.contract.workload import read_workload
+
+    try:
+        workload = read_workload(args.workload)[0]
+    except UsageError as exc:
+        raise SystemExit(f"--workload: {exc}") from None
+    if not args.prefill_lengths.strip():
+        args.prefill_lengths = ",".join(str(n) for n in plan(workload).prefill_lengths)
+    return workload
+
+
+def shape_tok_s(workload: Any, row: dict[str, Any]) -> float | None:
+    """``row``'s output tok/s on ``workload`` composed from its timings (see the module docstring)."""
+    from polymorph.contract.steps import piecewise, simulate
+
+    if not row.get("tok_s") or not row.get("prefill_ms"):
+        return None
+    step_s = row["batch"] / row["tok_s"]
+    prefill_s = piecewise([(int(n), ms / 1e3) for n, ms in row["prefill_ms"].items()])
+    timeline = simulate(workload, prefill_s, lambda _rows, _context: step_s, row["batch"])
+    return timeline.output_tokens / timeline.duration_s
+
+
 def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
     """One line naming the flag for each bad value, before any model is built; the batches and
     each compiled engine's batches."""
@@ -549,6 +589,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
     if bad or not args.engines:
         raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
     batches = _ints("--batches", args.batches)
+    _workload(args)
     _lengths(args)
     compiled_batches = {
         "compiled-peer": set(_ints("--compiled-batches", args.compiled_batches)),
@@ -575,6 +616,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     batches, compiled_batches = _check(args)
+    workload = _workload(args)
     started = time.perf_counter()
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(args.device, (1 << 30) if device.type == "cuda" else (64 << 20))
@@ -624,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
                     row["tok_s"] = round(got["tok_s"], 2)
                     row["roofline_fraction"] = round(got["tok_s"] / roofline, 4)
                     row["prepare_s"] = round(got.get("prepare_s", 0.0), 2)
+                    if workload is not None:
+                        composed = shape_tok_s(workload, row)
+                        row["shape_tok_s"] = round(composed, 2) if composed is not None else None
                 except Exception as exc:  # a failing engine is a row with its error, not a lost run
                     row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
                 row["wall_s"] = round(time.perf_counter() - t, 1)
@@ -644,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup,
             "dtype": args.dtype,
             "prefillLengths": _lengths(args),
+            "workload": args.workload,
         },
         "device": {
             "name": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),

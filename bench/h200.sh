@@ -18,7 +18,10 @@
 #    each estimated by sampled passes (what an experiment measures) and fully replayed.
 # 4. bench/search_quality.py --workload per shape: an anchored sweep of the knobs that move with
 #    the shape, a campaign from the reference, head to head by the estimate; then bench/fidelity.py
-#    replays the campaign's kept build and the sweep's best in full on the same shape.
+#    replays the campaign's kept build and the sweep's best in full on the same shape; then
+#    bench/decode.py runs the kept build, the compiled peer and HF compiled at the shape's
+#    concurrency and mean context, with prefills at its prompt lengths, and composes each one's
+#    tok/s on the shape from those timings.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
 # transformers; pydantic, structlog and boto3 & co. come from PYTHONPATH when the image lacks them.
 set -euo pipefail
@@ -102,7 +105,8 @@ print(w.concurrency, round(statistics.fmean(plan(w).homes)))
 ' "bench/shapes/$s.yaml")
         python3 bench/decode.py --models llama-8b --batches "$C" --compiled-batches "$C" --hf-batches "$C" \
             --engines polymorph,compiled-peer,hf-compiled --prompt "$CTX" --steps 128 \
-            --knobs "${KEPT%%;*}" --budget-s 240 --json --out "$OUT/decode-llama-8b-$s-$DATE.json" >/dev/null
+            --workload "bench/shapes/$s.yaml" --knobs "${KEPT%%;*}" --budget-s 240 --json \
+            --out "$OUT/decode-llama-8b-$s-$DATE.json" >/dev/null
     done
     ;;
 *)

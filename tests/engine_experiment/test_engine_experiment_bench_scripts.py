@@ -123,12 +123,15 @@ def test_fidelity_records_the_estimate_beside_the_full_replay(tmp_path: Path) ->
     assert doc["device"]["type"] == "cpu" and doc["command"] and doc["date"]
 
 
-def test_decode_times_a_prefill_of_each_length_for_every_engine(tmp_path: Path) -> None:
+def test_decode_times_a_prefill_of_each_length_and_composes_a_shapes_tok_s(tmp_path: Path) -> None:
     out = tmp_path / "decode.json"
+    workload = tmp_path / "shape.yaml"
+    workload.write_text("inputTokens: {bounds: [16, 48], counts: [50, 50]}\n"
+                        "outputTokens: {bounds: [4, 8], counts: [50, 50]}\nconcurrency: 2\n")  # fmt: skip
     run = subprocess.run(
         [sys.executable, str(BENCH / "decode.py"), "--device", "cpu", "--models", "tiny", "--batches", "2",
          "--engines", "polymorph,hf-eager", "--knobs", "kv_cache=static,decode_step=fused", "--steps", "2",
-         "--warmup", "1", "--prefill-lengths", "8,40", "--out", str(out)],
+         "--warmup", "1", "--prefill-lengths", "8,40", "--workload", str(workload), "--out", str(out)],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
@@ -138,3 +141,5 @@ def test_decode_times_a_prefill_of_each_length_for_every_engine(tmp_path: Path) 
     for row in doc["rows"]:
         assert row.get("error") is None, row
         assert set(row["prefill_ms"]) == {"8", "40"} and all(ms > 0 for ms in row["prefill_ms"].values())
+        # Composed from the row's own timings: every step at the batch's step time, prefills between.
+        assert 0 < row["shape_tok_s"] < row["tok_s"]
