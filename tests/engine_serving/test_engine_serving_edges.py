@@ -277,7 +277,10 @@ def _text(server: EngineServer, **body: Any) -> str:
         ({"best_of": 3}, "best_of"),
         ({"logit_bias": {"5": 100}}, "logit_bias"),
         ({"suffix": "end"}, "suffix"),
-        ({"ignore_eos": True}, "ignore_eos"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),  # vLLM's, honoured (test_engine_serving_clients)
+        ({"top_k": 40}, "top_k"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
         ({"temprature": 0.7}, "temprature"),
     ],
 )
@@ -300,6 +303,8 @@ def test_a_field_the_engine_cannot_honour_is_a_400_naming_it(
         {"user": "team-a"},
         {"temperature": 0, "top_p": 0.5, "seed": 7},  # greedy: the arg max is in every nucleus
         {"temperature": 0.0},
+        {"top_k": -1, "min_p": 0, "repetition_penalty": 1, "min_tokens": 0},  # vLLM's off values
+        {"n": None, "echo": None, "stream": None, "temperature": None},  # null is the default
     ],
 )
 def test_neutral_values_are_greedy(

@@ -5,8 +5,10 @@ Contract:
   developer, user or assistant; developer is given to the template as system) and a
   ``content`` that is a string or a list of text parts (``{"type": "text", "text": ...}``,
   joined without a separator, as OpenAI does), and optionally ``name``. Anything else (an image
-  part, a tool turn, ``tool_calls``, an unknown key) is a ``RequestError`` naming the place,
-  e.g. ``messages[2].content[0].type``.
+  part, a tool turn, non-empty ``tool_calls``, an unknown key) is a ``RequestError`` naming the
+  place, e.g. ``messages[2].content[0].type``. The keys an answer's message carries empty
+  (``refusal``, ``tool_calls``, ``function_call``, ``annotations``, ``audio``: null or []) are
+  taken, so a client may append the previous answer's message as it came.
 - ``render_chat(chat, messages)`` renders them as transformers' ``apply_chat_template`` does:
   a ``jinja2.sandbox.ImmutableSandboxedEnvironment`` with ``trim_blocks`` and
   ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}`` block (rendered
@@ -40,6 +42,9 @@ __all__ = ["ROLES", "chat_messages", "render_chat"]
 ROLES = ("system", "developer", "user", "assistant")
 _TEMPLATE_ROLE = {"developer": "system"}
 _MESSAGE_KEYS = ("role", "content", "name")
+_EMPTY_KEYS = ("refusal", "tool_calls", "function_call", "annotations", "audio")
+"""Keys of an assistant message as the API returns it, taken when empty (null or []): a client
+that appends the previous answer's message object to ``messages`` sends them."""
 
 
 def chat_messages(raw: Any) -> list[dict[str, str]]:
@@ -56,7 +61,9 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
             raise RequestError(
                 f'{where} must be an object like {{"role": "user", "content": "Hi"}}.', param=where
             )
-        for key in message:
+        for key, value in message.items():
+            if key in _EMPTY_KEYS and value in (None, []):
+                continue
             if key not in _MESSAGE_KEYS:
                 what = (
                     "tool calls are"

@@ -3,7 +3,7 @@
 ``Completion(service, params)`` admits one request (a refusal raises ``RequestError`` at once,
 before any response starts), and ``Completion.deltas()`` yields its text deltas (stop strings
 applied) on the asyncio loop that admitted it, fills ``finish_reason`` and
-``completion_tokens`` (and ``logprobs``, one entry per text token, when the request asked for
+``completion_tokens`` (counted as tokens come) (and ``logprobs``, one entry per text token, when the request asked for
 them: a stream's consumer reads the entries added since its last delta), and records the request in the metrics and the traffic trace (lengths
 and timing, never content). Closing the iterator early, or cancelling the task awaiting it,
 cancels the request; ``abandon()`` does the same for one whose ``deltas()`` never started.
@@ -111,6 +111,7 @@ class Completion:
             params.sampling,
             logprobs=params.logprobs,
             stop_ids=params.stop_ids,
+            stop_at_eos=not params.ignore_eos,
         )
         service.metrics.request_started()
 
@@ -146,6 +147,7 @@ class Completion:
                     raise RequestError(event.message, status=500, code=event.reason, counted=True)
                 if isinstance(event, Token):
                     times.append(event.at)
+                    self.completion_tokens = len(times)  # so far: a stream's continuous usage reads it
                     if event.token not in ends:
                         ids.append(event.token)
                         if event.logprob is not None:

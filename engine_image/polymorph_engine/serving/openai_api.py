@@ -24,6 +24,13 @@ Contract:
   caller; it changes no output). ``prompt`` is a string (tokenised), a list of token ids, or a
   list of up to ``MAX_PROMPTS`` of either; ``max_tokens`` defaults to 16; ``stop`` is a string
   or up to 4 strings.
+- On both endpoints: an optional field sent as null is its default, as OpenAI takes it;
+  ``stream_options`` (``include_usage``, and vLLM's ``continuous_usage_stats``: the usage so far
+  in every chunk) only with ``stream`` true, as OpenAI and vLLM refuse it otherwise. vLLM's
+  ``ignore_eos``, which load generators send to get answers of exactly ``max_tokens``, is
+  honoured (EOS and the template's end-of-turn ids do not end the answer); its sampling fields
+  ``top_k`` (-1 or 0), ``min_p`` (0), ``repetition_penalty`` (1) and ``min_tokens`` (0) are
+  accepted at those no-op values and refused at any other.
 - ``parse_chat_request(body, render, ...)`` does the same for a chat body: ``messages`` are
   checked and rendered by ``render`` (``serving.chat``), and the rendered text is the prompt
   (its length is the prompt length everywhere); generation also stops at the template's
@@ -50,7 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
 from polymorph_engine.runtime.sampling import MAX_TEMPERATURE, Sampling
@@ -121,14 +128,26 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
+class _NullIsDefault(BaseModel):
+    """A body whose optional fields may be sent as null, meaning their default, as OpenAI takes them."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and info.field_name is not None:
+            return cls.model_fields[info.field_name].default
+        return value
+
+
 class StreamOptions(BaseModel):
-    """``stream_options``: only ``include_usage`` is defined."""
+    """``stream_options``: OpenAI's ``include_usage`` and vLLM's ``continuous_usage_stats``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_NullIsDefault):
     """The body of ``POST /v1/completions`` as OpenAI defines it (the fields this engine reads)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # no field is accepted and ignored
@@ -150,9 +169,14 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     suffix: str | None = None
     user: str | None = None
+    ignore_eos: bool = False
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(_NullIsDefault):
     """The body of ``POST /v1/chat/completions`` as OpenAI defines it (the fields this engine reads).
 
     ``messages`` is checked by ``serving.chat`` (its sentences name the message and part); the
@@ -194,6 +218,11 @@ class ChatCompletionRequest(BaseModel):
     verbosity: Any = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    ignore_eos: bool = False
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +247,10 @@ class CompletionParams:
     """The choice's index in the response."""
     prompt_index: int = 0
     """Which of the request's prompts it continues (usage counts each prompt once)."""
+    ignore_eos: bool = False
+    """Generate ``max_tokens`` tokens: EOS and the end-of-turn ids do not end it (vLLM's ``ignore_eos``)."""
+    continuous_usage: bool = False
+    """Each streamed chunk carries the usage so far (vLLM's ``stream_options.continuous_usage_stats``)."""
 
 
 MAX_SEED = 2**63 - 1
@@ -243,7 +276,13 @@ _FIELD_WORDS = {
     "logit_bias": "logit_bias is not supported by this engine; leave it out",
     "suffix": "suffix is not supported by this engine; leave it out",
     "user": "user must be a string",
+    "ignore_eos": "ignore_eos must be true or false",
+    "top_k": "top_k is not supported by this engine; leave it out or set it to -1 or 0 (no top-k cut)",
+    "min_p": "min_p is not supported by this engine; leave it out or set it to 0",
+    "repetition_penalty": "repetition_penalty is not supported by this engine; leave it out or set it to 1",
+    "min_tokens": "min_tokens is not supported by this engine; leave it out or set it to 0",
 }
+_VLLM_FIELDS = ("ignore_eos", "top_k", "min_p", "repetition_penalty", "min_tokens")
 
 _UNSUPPORTED = "is not supported by this engine; leave it out"
 _CHAT_WORDS = {
@@ -281,6 +320,7 @@ _CHAT_WORDS = {
     "verbosity": f"verbosity {_UNSUPPORTED}",
     "prompt_cache_key": "prompt_cache_key must be a string",
     "safety_identifier": "safety_identifier must be a string",
+    **{field: _FIELD_WORDS[field] for field in _VLLM_FIELDS},
 }
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -404,7 +444,7 @@ def parse_completion_request(
     _refuse_unsupported(req)
     if req.best_of not in (None, 1, req.n):
         raise RequestError(f"{_FIELD_WORDS['best_of']}.", param="best_of")
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    include_usage, continuous_usage = _stream_options(req)
     sampling = _sampling(req)
     return tuple(
         CompletionParams(
@@ -419,6 +459,8 @@ def parse_completion_request(
             echo=text if req.echo else None,
             index=p * req.n + j,
             prompt_index=p,
+            ignore_eos=req.ignore_eos,
+            continuous_usage=continuous_usage,
         )
         for p, (ids, text) in enumerate(prompts)
         for j in range(req.n)
@@ -452,7 +494,7 @@ def parse_chat_request(
         raise RequestError(f"{_FIELD_WORDS['n']}, got {str(req.n)[:30]}.", param="n")
     if req.top_logprobs is not None and not (req.logprobs and 0 <= req.top_logprobs <= MAX_LOGPROBS):
         raise RequestError(f"{_CHAT_WORDS['top_logprobs']}.", param="top_logprobs")
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    include_usage, continuous_usage = _stream_options(req)
     sampling = _sampling(req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return tuple(
@@ -464,9 +506,11 @@ def parse_chat_request(
             include_usage,
             model,
             _choice_sampling(sampling, j),
-            stop_ids=tuple(stop_ids),
+            stop_ids=() if req.ignore_eos else tuple(stop_ids),
             logprobs=logprobs,
             index=j,
+            ignore_eos=req.ignore_eos,
+            continuous_usage=continuous_usage,
         )
         for j in range(req.n)
     )
@@ -492,10 +536,34 @@ def _refuse_unsupported_chat(req: ChatCompletionRequest) -> None:
         "reasoning_effort": req.reasoning_effort is None,
         "web_search_options": req.web_search_options is None,
         "verbosity": req.verbosity is None,
+        **_vllm_neutral(req),
     }
     for field, ok in neutral.items():
         if not ok:
             raise RequestError(f"{_CHAT_WORDS[field]}.", param=field)
+
+
+def _vllm_neutral(req: CompletionRequest | ChatCompletionRequest) -> dict[str, bool]:
+    """Whether each of vLLM's sampling fields this engine does not implement holds its neutral value."""
+    return {
+        "top_k": req.top_k in (None, -1, 0),
+        "min_p": req.min_p in (None, 0),
+        "repetition_penalty": req.repetition_penalty in (None, 1),
+        "min_tokens": req.min_tokens in (None, 0),
+    }
+
+
+def _stream_options(req: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool]:
+    """``(include_usage, continuous_usage_stats)``; either asks for usage, so only with ``stream``."""
+    options = req.stream_options
+    if options is None:
+        return False, False
+    if not req.stream:
+        raise RequestError(
+            "stream_options is only allowed with stream true; leave it out or set stream to true.",
+            param="stream_options",
+        )
+    return options.include_usage, options.continuous_usage_stats
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest) -> Sampling | None:
@@ -520,6 +588,7 @@ def _refuse_unsupported(req: CompletionRequest) -> None:
         "frequency_penalty": req.frequency_penalty in (None, 0),
         "logit_bias": not req.logit_bias,
         "suffix": not req.suffix,
+        **_vllm_neutral(req),
     }
     for field, ok in neutral.items():
         if not ok:

@@ -8,13 +8,16 @@ Contract:
   ``make_server(service, host, port, admin=None)`` does both steps but ``start()``.
 - Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain JSON, or SSE
   through aiohttp's ``StreamResponse`` ending ``data: [DONE]``), ``GET /v1/models``,
-  ``GET /v1/models/{id}``, ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``.
+  ``GET /v1/models/{id}``, ``GET /healthz`` (also ``GET /health``, vLLM's name, which clients
+  such as GuideLLM probe), ``GET /readyz`` and ``GET /metrics``; any other path is a 404 that
+  lists these.
 - One pipeline for both endpoints: a request is parsed into its choices (``openai_api``; a
   chat's messages rendered with the checkpoint's template by ``serving.chat``), each choice is
   a ``Completion`` (admission, metrics, trace: a chat choice counts as a completion whose
   prompt is the rendered text), and only the response shape differs. A stream sends a chat's
   role delta first, then each choice's deltas as they come, each choice's finish reason, usage
-  when ``stream_options.include_usage``, then ``[DONE]``. Paths under ``/admin/`` are answered by ``admin`` (sandbox mode, called
+  when ``stream_options.include_usage`` (and the usage so far in every chunk with vLLM's
+  ``stream_options.continuous_usage_stats``), then ``[DONE]``. Paths under ``/admin/`` are answered by ``admin`` (sandbox mode, called
   on a worker thread since an experiment takes seconds) and are 404 when it is None.
 - Bodies: at most ``MAX_COMPLETION_BODY`` bytes for completions (``MAX_ADMIN_BODY`` for admin
   calls, which carry build archives), read within ``BODY_TIMEOUT_S``; larger is 413, slower
@@ -79,6 +82,7 @@ from polymorph_engine.serving.service import CompletionService
 
 __all__ = [
     "BODY_TIMEOUT_S",
+    "ENDPOINTS",
     "IDLE_TIMEOUT_S",
     "MAX_ADMIN_BODY",
     "MAX_COMPLETION_BODY",
@@ -157,7 +161,8 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
         except web.HTTPNotFound:
             return error_response(
                 RequestError(
-                    f"there is no endpoint {request.method} {request.path} here.",
+                    f"there is no endpoint {request.method} {request.path[:200]} here; the endpoints are "
+                    f"{', '.join(ENDPOINTS)}.",
                     status=404,
                     code="not_found",
                 )
@@ -274,6 +279,7 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
 
     app = web.Application(middlewares=[errors], client_max_size=MAX_ADMIN_BODY)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/health", healthz)  # vLLM's name for it, which clients (GuideLLM) probe
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
@@ -285,6 +291,17 @@ def make_app(service: CompletionService | None, admin: AdminRoutes | None = None
 
 
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+ENDPOINTS = (
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "GET /v1/models",
+    "GET /v1/models/{id}",
+    "GET /health",
+    "GET /healthz",
+    "GET /readyz",
+    "GET /metrics",
+)
+"""The routes served (``/admin/`` too in sandbox mode), as a 404 lists them."""
 
 
 async def _answer(
@@ -365,7 +382,11 @@ async def _events(
 ) -> web.StreamResponse:
     tokenizer = completions[0].service.tokenizer
 
+    continuous = completions[0].params.continuous_usage
+
     async def event(doc: Any) -> None:
+        if continuous and "choices" in doc and "usage" not in doc:  # vLLM's continuous_usage_stats
+            doc = {**doc, "usage": _usage(completions)}
         await response.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
 
     sent = [0] * len(completions)  # logprobs entries already sent, per choice

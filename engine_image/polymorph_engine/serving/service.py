@@ -197,10 +197,12 @@ class CompletionService:
         *,
         logprobs: int | None = None,
         stop_ids: Sequence[int] = (),
+        stop_at_eos: bool = True,
     ) -> Job:
         """Admit one request, or raise a 503 ``RequestError`` at once (see the module contract).
         ``sampling`` None is greedy decoding; ``logprobs`` k gives each ``Token`` its log
-        probability and the k most likely tokens'; a token in ``stop_ids`` is the request's last."""
+        probability and the k most likely tokens'; a token in ``stop_ids`` is the request's last;
+        ``stop_at_eos`` False generates ``max_tokens`` whatever comes (vLLM's ``ignore_eos``)."""
         with self._lock:
             if not self.ready:
                 raise RequestError(
@@ -218,7 +220,11 @@ class CompletionService:
                     retry_after=RETRY_AFTER_S,
                 )
             request = Request(
-                prompt=list(prompt_ids), max_new_tokens=max_tokens, sampling=sampling, logprobs=logprobs
+                prompt=list(prompt_ids),
+                max_new_tokens=max_tokens,
+                stop_at_eos=stop_at_eos,
+                sampling=sampling,
+                logprobs=logprobs,
             )
             job = Job(request, sink, frozenset(stop_ids) - {self.eos_id})
             self._live.add(job)
@@ -391,6 +397,7 @@ class CompletionService:
             job.request = Request(
                 prompt=job.request.prompt,
                 max_new_tokens=job.request.max_new_tokens,
+                stop_at_eos=job.request.stop_at_eos,
                 sampling=job.request.sampling,
                 logprobs=job.request.logprobs,
             )
