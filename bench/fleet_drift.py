@@ -185,7 +185,16 @@ def prepare(api: httpx.Client, namespace: str) -> None:
     created = api.post("/api/v1/namespaces", json=body)
     if created.status_code not in (201, 409):
         raise SystemExit(f"namespace {namespace} was refused: {created.status_code} {created.text[:300]}")
-    if api.get(f"{GROUP}/namespaces/{namespace}/modeldeployments").json()["items"]:
+    served: list[list[Any]] = []
+
+    def listed() -> bool:  # a CRD just Established can still answer 404 for a moment
+        answer = api.get(f"{GROUP}/namespaces/{namespace}/modeldeployments")
+        if answer.status_code == 200:
+            served.append(answer.json()["items"])
+        return bool(served)
+
+    wait("the API server to serve ModelDeployments", listed, timeout=60)
+    if served[-1]:
         raise SystemExit(
             f"namespace {namespace} already holds ModelDeployments; name another with --namespace"
         )
