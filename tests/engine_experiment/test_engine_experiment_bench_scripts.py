@@ -46,6 +46,8 @@ BAD_FLAGS = [
     ("fleet_drift.py", ["--timeout", "0"], "--timeout must be a positive number of seconds"),
     ("fleet_drift.py", ["--kubeconfig", "/nonexistent"], "--kubeconfig /nonexistent: no such file"),
     ("serve_load.py", ["--clients", "0"], "--clients must be a positive integer"),
+    ("serve_guidellm.py", ["--requests", "0"], "--requests: must be a positive integer, got '0'"),
+    ("serve_guidellm.py", ["--endpoints", "embeddings"], "--endpoints: must be comma-separated from chat"),
     ("fidelity.py", ["--requests", "0"], "--requests: must be a whole number from 1 to 100000"),
     ("fidelity.py", ["--builds", "kv_cache=nope"], "knob 'kv_cache' of build 'reference' must be one of"),
     ("fidelity.py", ["--builds", ";"], "--builds names no knob set"),
