@@ -126,6 +126,7 @@ COMMONLY_SENT = {
     "parallel_tool_calls": {"parallel_tool_calls": True},
     "parallel_tool_calls false": {"parallel_tool_calls": False},
     "max_completion_tokens": {"max_completion_tokens": 3},
+    "max_tokens and max_completion_tokens alike": {"max_tokens": 3, "max_completion_tokens": 3},
     "penalties 0": {"frequency_penalty": 0, "presence_penalty": 0.0},
     "logit_bias {}": {"logit_bias": {}},
     "tool_choice none": {"tool_choice": "none"},
@@ -177,6 +178,7 @@ REFUSED = [
     ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options", "stream_options must be"),
     ({"ignore_eos": "yes"}, "ignore_eos", "ignore_eos must be true or false"),
     ({"best_of": 2}, "best_of", "the fields are"),
+    ({"max_tokens": 3, "max_completion_tokens": 5}, "max_tokens", "differ here (3 and 5); send one of them"),
 ]
 
 

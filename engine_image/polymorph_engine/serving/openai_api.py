@@ -34,8 +34,8 @@ Contract:
 - ``parse_chat_request(body, render, ...)`` does the same for a chat body: ``messages`` are
   checked and rendered by ``render`` (``serving.chat``), and the rendered text is the prompt
   (its length is the prompt length everywhere); generation also stops at the template's
-  end-of-turn ids. ``max_completion_tokens`` (or the older ``max_tokens``) defaults to the
-  rest of the sequence; ``logprobs`` is true or false and ``top_logprobs`` 0 to
+  end-of-turn ids. ``max_completion_tokens`` (or the older ``max_tokens``; both, unequal, is a
+  400) defaults to the rest of the sequence; ``logprobs`` is true or false and ``top_logprobs`` 0 to
   ``MAX_LOGPROBS``. Tools, structured output and the other fields this engine does not
   implement are a 400 naming the field unless they hold their neutral value (``tools: []``,
   ``response_format: {"type": "text"}``, ``store: false``, ...).
@@ -486,6 +486,15 @@ def parse_chat_request(
         raise RequestError("the messages render to an empty prompt; send some text.", param="messages")
     _check_length(prompt_ids, max_seq_len, "messages")
     room = max_seq_len - len(prompt_ids)
+    if (
+        None not in (req.max_tokens, req.max_completion_tokens)
+        and req.max_tokens != req.max_completion_tokens
+    ):
+        raise RequestError(
+            "max_tokens and max_completion_tokens are the same limit (max_tokens is its older name) and "
+            f"differ here ({req.max_tokens} and {req.max_completion_tokens}); send one of them.",
+            param="max_tokens",
+        )
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, room, len(prompt_ids), max_seq_len, field)
