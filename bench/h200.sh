@@ -17,7 +17,8 @@
 # 3. bench/fidelity.py: five builds on each of bench/shapes/{chat-default,long-batch,chat-single}.yaml,
 #    each estimated by sampled passes (what an experiment measures) and fully replayed.
 # 4. bench/search_quality.py --workload per shape: an anchored sweep of the knobs that move with
-#    the shape, a campaign from the reference, head to head by the estimate; then bench/fidelity.py
+#    the shape, a campaign from the reference on polymorph compile's --device cuda budget (its
+#    defaults; CAMPAIGN_FLAGS adds flags), head to head by the estimate; then bench/fidelity.py
 #    replays the campaign's kept build and the sweep's best in full on the same shape; then
 #    bench/decode.py runs the kept build, the compiled peer and HF compiled at the shape's
 #    concurrency and mean context, with prefills at its prompt lengths, and composes each one's
@@ -84,8 +85,7 @@ shapes)
             --dtype bfloat16 --workload "bench/shapes/$s.yaml" \
             --knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile \
             --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --experiment-timeout 60 \
-            --max-experiments "${CAMPAIGN_EXPERIMENTS:-40}" --deadline "${CAMPAIGN_DEADLINE:-90s}" \
-            --out "$OUT/search-quality-llama-8b-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
+            ${CAMPAIGN_FLAGS:-} --out "$OUT/search-quality-llama-8b-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
         KEPT=$(python3 -c '
 import json, sys
 doc = json.load(open(sys.argv[1]))

@@ -57,10 +57,10 @@ DEVICE_DEFAULTS: dict[str, dict[str, str | int]] = {
         "deadline": "10m",
         "experiment_timeout": measurement.DEFAULT_EXPERIMENT_TIMEOUT,
     },
-    # What bench/h200.sh measured on an H200 (llama-8b): a 4-minute campaign of short screening
-    # experiments (about 3 s each), where a torch.compile candidate still compiling after 30 s is
-    # "not ready yet" (one warm retry), not worth a quarter of the deadline.
-    "cuda": {"max_experiments": 400, "deadline": "4m", "experiment_timeout": "30s"},
+    # What bench/h200.sh shapes measured (llama-8b, three traffic shapes): a 2-minute campaign of
+    # experiments of 3-10 s at the workload's real shape, where a torch.compile candidate still
+    # compiling after 30 s is "not ready yet" (one warm retry), not worth a quarter of the deadline.
+    "cuda": {"max_experiments": 400, "deadline": "2m", "experiment_timeout": "30s"},
 }
 """Per device type, ``--max-experiments``, ``--deadline`` and ``--experiment-timeout`` when not given."""
 
