@@ -80,21 +80,22 @@ fidelity)
         --full-passes 1 --out "$OUT/fidelity-llama-8b-$DATE.json"
     ;;
 shapes)
+    MODEL=${MODEL:-llama-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16}  # tiny, cpu, float32: a smoke run
     for s in ${SHAPES:-chat-single chat-default long-batch}; do
-        timeout "${SHAPE_BUDGET_S:-180}" python3 bench/search_quality.py --model llama-8b --device cuda \
-            --dtype bfloat16 --workload "bench/shapes/$s.yaml" \
+        timeout "${SHAPE_BUDGET_S:-330}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
+            --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" \
             --knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile \
             --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --experiment-timeout 60 \
-            ${CAMPAIGN_FLAGS:-} --out "$OUT/search-quality-llama-8b-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
+            ${CAMPAIGN_FLAGS:-} --out "$OUT/search-quality-$MODEL-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
         KEPT=$(python3 -c '
 import json, sys
 doc = json.load(open(sys.argv[1]))
 sets = [((doc.get("campaign") or {}).get("best") or {}).get("knobs"), ((doc.get("exhaustive") or {}).get("best") or {}).get("config")]
 print(";".join(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()) for s in sets if s))
-' "$OUT/search-quality-llama-8b-$s-$DATE.json" || true)
-        [ -n "$KEPT" ] && python3 bench/fidelity.py --model llama-8b --device cuda --dtype bfloat16 \
+' "$OUT/search-quality-$MODEL-$s-$DATE.json" || true)
+        [ -n "$KEPT" ] && python3 bench/fidelity.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
             --shapes "bench/shapes/$s.yaml" --builds "$KEPT" --full-passes 1 \
-            --out "$OUT/fidelity-llama-8b-$s-kept-$DATE.json" >/dev/null
+            --out "$OUT/fidelity-$MODEL-$s-kept-$DATE.json" >/dev/null
         # The peers at the shape: batch decode at its concurrency and its full-batch steps' mean context.
         read -r C CTX < <(python3 -c '
 import statistics, sys
@@ -103,10 +104,10 @@ from polymorph.contract.workload import read_workload
 w = read_workload(sys.argv[1])[0]
 print(w.concurrency, round(statistics.fmean(plan(w).homes)))
 ' "bench/shapes/$s.yaml")
-        python3 bench/decode.py --models llama-8b --batches "$C" --compiled-batches "$C" --hf-batches "$C" \
+        python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches "$C" --compiled-batches "$C" --hf-batches "$C" \
             --engines polymorph,compiled-peer,hf-compiled --prompt "$CTX" --steps 128 \
             --workload "bench/shapes/$s.yaml" --knobs "${KEPT%%;*}" --budget-s 240 --json \
-            --out "$OUT/decode-llama-8b-$s-$DATE.json" >/dev/null
+            --out "$OUT/decode-$MODEL-$s-$DATE.json" >/dev/null
     done
     ;;
 *)

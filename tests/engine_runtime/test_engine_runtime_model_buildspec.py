@@ -244,6 +244,22 @@ def test_knob_variant_of_the_reference_build(tmp_path: Path) -> None:
     )
 
 
+def test_a_variant_whose_default_is_an_accelerators_value_leaves_it_out_of_accelerator_only(
+    tmp_path: Path,
+) -> None:
+    # The sweep and the search make kernels = "triton" a variant's default: such a variant runs it
+    # wherever it is loaded (on a CPU, as the default computes), so the value leaves the list.
+    dest = knob_variant(
+        REFERENCE_BUILD,
+        {"kv_cache": "static", "decode_step": "fused", "kernels": "triton", "pdl": True},
+        tmp_path / "triton",
+    )
+    spec = read_build(dest)
+    assert spec.defaults()["kernels"] == "triton" and spec.defaults()["pdl"] is True
+    assert spec.knobs["kernels"].accelerator_only == () and spec.knobs["pdl"].accelerator_only == ()
+    assert spec.knobs["gemv"].accelerator_only == ("triton",)  # untouched where the default stays
+
+
 def test_knob_variant_refuses_bad_input(tmp_path: Path) -> None:
     base = _build(tmp_path / "base")
     with pytest.raises(BuildError, match="has no knob"):

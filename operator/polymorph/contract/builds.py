@@ -295,8 +295,14 @@ def _rewrite_build_field(lines: list[str], key: str, value: str) -> list[str]:
     return [*lines[: start + 1], new_line, *lines[start + 1 :]]
 
 
-def _rewrite_default(lines: list[str], knob: str, value: KnobValue) -> list[str]:
-    """Set ``default`` in the [knobs.<knob>] table, keeping comments and every other line."""
+def _rewrite_default(
+    lines: list[str], knob: str, value: KnobValue, accelerated: tuple[KnobValue, ...]
+) -> list[str]:
+    """Set ``default`` in the [knobs.<knob>] table, keeping comments and every other line.
+
+    ``accelerated``: the knob's ``accelerator_only`` values; the new default leaves that list (a
+    variant whose default is an accelerator's value runs it wherever it is loaded)."""
+    rest = [a for a in accelerated if not _same(a, value)]
     out: list[str] = []
     in_table = False
     for line in lines:
@@ -305,6 +311,9 @@ def _rewrite_default(lines: list[str], knob: str, value: KnobValue) -> list[str]
             in_table = header.group(1).strip() == f"knobs.{knob}"
         elif in_table and re.match(r"^\s*default\s*=", line):
             out.append(f"default = {_toml_value(value)}")
+            continue
+        elif in_table and len(rest) < len(accelerated) and re.match(r"^\s*accelerator_only\s*=", line):
+            out.append(f"accelerator_only = [{', '.join(_toml_value(a) for a in rest)}]")
             continue
         out.append(line)
     return out
@@ -335,7 +344,7 @@ def knob_variant(
     lines = toml_path.read_text().splitlines()
     for knob, value in resolved.items():
         if not _same(spec.knobs[knob].default, value):
-            lines = _rewrite_default(lines, knob, value)
+            lines = _rewrite_default(lines, knob, value, spec.knobs[knob].accelerator_only)
     for key, new in (("name", name), ("parent", parent), ("description", description)):
         if new is not None:
             lines = _rewrite_build_field(lines, key, new)
