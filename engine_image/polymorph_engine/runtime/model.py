@@ -1,16 +1,22 @@
 """The network: a loaded model's parameters, RoPE, and the plain reference forward pass.
 
 ``LoadedModel`` is what an engine process loads once (config, weights with HF names, tokenizer,
-device, dtype); hot paths derive their state from it. ``rope_inv_freq`` and ``rope_cos_sin`` are
+device, dtype); hot paths derive their state from it. ``moe_names`` names a sparse layer's router
+and experts as its architecture's checkpoints do (Qwen3-MoE's ``mlp.gate`` and
+``mlp.experts.E.{gate,up,down}_proj``, Mixtral's ``block_sparse_moe.gate`` and
+``block_sparse_moe.experts.E.{w1,w3,w2}``). ``rope_inv_freq`` and ``rope_cos_sin`` are
 part of the model's definition, shared by the reference forward and builds. ``forward`` is the
 plain, cache-free, full-sequence forward pass: the obviously-correct twin that hot paths are
-tested against.
+tested against. Its MoE block is HF's: a float32 softmax over the router logits, the top k, those
+renormalised to sum to 1 where the config asks (Mixtral always), cast to the activation dtype,
+and each selected expert's SwiGLU over the rows that chose it, weighted and summed.
 
 This module knows nothing about builds, knobs, KV caches, batching or sampling (those belong to
 the hot path a build derives from a ``LoadedModel``), nor about checkpoint files
 (``runtime.checkpoint``) or the shape table (``runtime.config``).
 
-Shapes: S = sequence length, H = hidden size, V = vocab size, D = head dim.
+Shapes: S = sequence length, H = hidden size, V = vocab size, D = head dim, E = experts,
+K = experts per token.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 from polymorph_engine.runtime.config import ModelConfig
 from polymorph_engine.runtime.tokenizer import Tokenizer
 
-__all__ = ["LoadedModel", "forward", "rope_cos_sin", "rope_inv_freq"]
+__all__ = ["LoadedModel", "MoeNames", "forward", "moe_names", "rope_cos_sin", "rope_inv_freq"]
 
 
 @dataclass
@@ -47,6 +53,37 @@ class LoadedModel:
             f"layers={self.config.num_hidden_layers}, hidden={self.config.hidden_size}, "
             f"device={self.device}, dtype={self.dtype}, weights={self.weights_bytes() / 2**20:.1f} MiB)"
         )
+
+
+@dataclass(frozen=True)
+class MoeNames:
+    """HF names of one sparse layer's weights: the router [E, H] and, per expert, gate [I, H],
+    up [I, H] and down [H, I]."""
+
+    router: str
+    gate: tuple[str, ...]
+    up: tuple[str, ...]
+    down: tuple[str, ...]
+
+
+def moe_names(config: ModelConfig, layer: int) -> MoeNames:
+    """The names of sparse layer ``layer``'s router and experts, as the architecture's checkpoints spell them."""
+    e = range(config.num_experts)
+    if config.architecture == "mixtral":
+        p = f"model.layers.{layer}.block_sparse_moe"
+        return MoeNames(
+            f"{p}.gate.weight",
+            tuple(f"{p}.experts.{i}.w1.weight" for i in e),
+            tuple(f"{p}.experts.{i}.w3.weight" for i in e),
+            tuple(f"{p}.experts.{i}.w2.weight" for i in e),
+        )
+    p = f"model.layers.{layer}.mlp"
+    return MoeNames(
+        f"{p}.gate.weight",
+        tuple(f"{p}.experts.{i}.gate_proj.weight" for i in e),
+        tuple(f"{p}.experts.{i}.up_proj.weight" for i in e),
+        tuple(f"{p}.experts.{i}.down_proj.weight" for i in e),
+    )
 
 
 # --- RoPE: part of the model's definition, shared by the reference forward and builds. ---
@@ -130,9 +167,28 @@ def forward(model: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
         attn = (probs @ v).transpose(0, 1).reshape(seq, nh * d)  # [S, nh*D]
         x = x + _linear(attn, w, f"{p}.self_attn.o_proj")
         h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], c.rms_norm_eps)
+        if c.moe_layer(i):
+            x = x + _moe(h, w, c, moe_names(c, i))
+            continue
         gate = _linear(h, w, f"{p}.mlp.gate_proj")
         up = _linear(h, w, f"{p}.mlp.up_proj")
         x = x + _linear(torch.nn.functional.silu(gate) * up, w, f"{p}.mlp.down_proj")
     x = _rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
     head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
     return (x @ head.T).float()
+
+
+def _moe(h: torch.Tensor, w: dict[str, torch.Tensor], c: ModelConfig, names: MoeNames) -> torch.Tensor:
+    """The sparse MoE block, as HF computes it: h [S, H] -> [S, H]."""
+    probs = torch.softmax((h @ w[names.router].T).float(), dim=-1)  # [S, E]
+    top, chosen = probs.topk(c.num_experts_per_tok, dim=-1)  # [S, K]
+    if c.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    top = top.to(h.dtype)
+    out = torch.zeros_like(h)
+    for e in sorted(set(chosen.flatten().tolist())):
+        rows, k = (chosen == e).nonzero(as_tuple=True)
+        x = h[rows]
+        y = torch.nn.functional.silu(x @ w[names.gate[e]].T) * (x @ w[names.up[e]].T)
+        out.index_add_(0, rows, (y @ w[names.down[e]].T) * top[rows, k, None])
+    return out

@@ -31,7 +31,10 @@ max_batch, plus max_batch) or ``max`` (max_batch alone: smaller batches are padd
 and one compilation, which is what a fixed-concurrency workload uses).
 
 The fused step always uses fused q/k/v and gate/up weights (it builds them once at load,
-whatever ``fused_qkv`` / ``fused_gate_up`` say). It knows nothing about prefill, scheduling or
+whatever ``fused_qkv`` / ``fused_gate_up`` say). A sparse (MoE) layer runs ``_moe_layer``: the
+same attention, then the MLP norm and the layer's ``moe.Moe`` (``moe_routing``, ``moe_experts``)
+with the residual add; which of the two each layer runs is chosen once, at load. Under capture or
+compile the MoE block takes its static-shape form (moe.py). It knows nothing about prefill, scheduling or
 sampling. Shapes: B = rows (a bucket), H = hidden, I = intermediate, V = vocab, D = head dim.
 """
 
@@ -105,11 +108,22 @@ class FusedDecoder:
         gemv: str = "cublas",
         pdl: bool = False,
         residual: str = "projection",
+        moe_routing: str = "plain",
+        moe_experts: str = "loop",
     ) -> None:
         self.shape = Shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
         )
-        self.layers = L.prepare_layers(weights, config.num_hidden_layers, fused_qkv=True, fused_gate_up=True)
+        self.layers = L.prepare_layers(
+            weights,
+            config.num_hidden_layers,
+            fused_qkv=True,
+            fused_gate_up=True,
+            config=config,
+            moe_routing=moe_routing,
+            moe_experts=moe_experts,
+            triton_ok=triton_usable(device),
+        )
         self.embed = weights["model.embed_tokens.weight"]  # [V, H]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
@@ -124,8 +138,15 @@ class FusedDecoder:
             else TorchOps(self.shape, rope, attention)
         )
         self._layer_fn: Callable[..., torch.Tensor] = self._layer
+        moe_fn: Callable[..., torch.Tensor] = self._moe_layer
         if kernels == "compile":
             self._layer_fn = torch.compile(self._layer, fullgraph=True, dynamic=False)
+            moe_fn = torch.compile(self._moe_layer, fullgraph=True, dynamic=False)
+        # Each layer's function, chosen once: the dense layer, or the sparse one.
+        self._layer_fns = [self._layer_fn if lw.moe is None else moe_fn for lw in self.layers]
+        self._deferred_fns = [
+            self._layer_deferred if lw.moe is None else self._moe_layer_deferred for lw in self.layers
+        ]
         self.capture = device.type == "cuda"
 
     def _layer(
@@ -139,13 +160,51 @@ class FusedDecoder:
     ) -> torch.Tensor:
         """One decoder layer: x [B, H] -> [B, H]; writes this step's k, v into kc, vc."""
         ops = self.ops
-        assert lw.qkv_proj is not None and lw.gate_up_proj is not None
+        assert lw.qkv_proj is not None and lw.gate_up_proj is not None and lw.down_proj is not None
         qkv = ops.norm_linear(x, lw.attn_norm, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
         q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
         attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
         x = ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
         gu = ops.norm_linear(x, lw.mlp_norm, lw.gate_up_proj, None)  # [B, 2I]
         return ops.silu_linear_residual(gu, lw.down_proj, x)
+
+    def _moe_layer(
+        self,
+        x: torch.Tensor,
+        lw: L.LayerWeights,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """``_layer`` of a sparse layer: the same attention, then x + moe(rms_norm(x))."""
+        ops = self.ops
+        assert lw.qkv_proj is not None and lw.moe is not None
+        qkv = ops.norm_linear(x, lw.attn_norm, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
+        q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
+        attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
+        x = ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
+        return x + lw.moe(ops.add_norm(x, None, lw.mlp_norm)[1])
+
+    def _moe_layer_deferred(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        lw: L.LayerWeights,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_layer_deferred`` of a sparse layer: the MoE block's output is the deferred add."""
+        ops = self.ops
+        assert lw.qkv_proj is not None and lw.moe is not None
+        x, h = ops.add_norm(x, y, lw.attn_norm)
+        qkv = ops.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
+        q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
+        attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
+        x, h = ops.add_norm(x, ops.linear(attn, lw.o_proj, lw.o_bias), lw.mlp_norm)
+        return x, lw.moe(h)
 
     def _layer_deferred(
         self,
@@ -160,7 +219,7 @@ class FusedDecoder:
         """``_layer`` with the residual adds deferred: (x, y) [B, H] -> (x', y') with the layer's
         output x' + y'; each add happens inside the next norm's launch."""
         ops = self.ops
-        assert lw.qkv_proj is not None and lw.gate_up_proj is not None
+        assert lw.qkv_proj is not None and lw.gate_up_proj is not None and lw.down_proj is not None
         x, h = ops.add_norm(x, y, lw.attn_norm)
         qkv = ops.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
         q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
@@ -175,12 +234,12 @@ class FusedDecoder:
         x = self.embed[tokens]  # [B, H]
         if getattr(self.ops, "deferred", False):
             y: torch.Tensor | None = None
-            for i, lw in enumerate(self.layers):
-                x, y = self._layer_deferred(x, y, lw, cache.k[i], cache.v[i], slots, cache.lengths)
+            for i, (fn, lw) in enumerate(zip(self._deferred_fns, self.layers, strict=True)):
+                x, y = fn(x, y, lw, cache.k[i], cache.v[i], slots, cache.lengths)
             logits = self.ops.logits(self.ops.add_norm(x, y, self.final_norm)[1], self.lm_head)
         else:
-            for i, lw in enumerate(self.layers):
-                x = self._layer_fn(x, lw, cache.k[i], cache.v[i], slots, cache.lengths)
+            for i, (fn, lw) in enumerate(zip(self._layer_fns, self.layers, strict=True)):
+                x = fn(x, lw, cache.k[i], cache.v[i], slots, cache.lengths)
             logits = self.ops.head(x, self.final_norm, self.lm_head)
         cache.lengths.index_add_(0, slots, torch.ones_like(slots))
         cache.lengths.narrow(0, cache.scratch, 1).zero_()  # a kernel: `[i] = 0` would copy from the host
@@ -236,8 +295,12 @@ class FusedDecoder:
         return g.logits[:b].clone()  # the next replay overwrites the graph's output
 
     def close(self) -> None:
+        for lw in self.layers:
+            if lw.moe is not None:
+                lw.moe.close()
         self.layers = []
         self._layer_fn = self._layer
+        self._layer_fns, self._deferred_fns = [], []
         for name in ("embed", "final_norm", "lm_head", "inv_freq"):
             setattr(self, name, None)
 

@@ -25,6 +25,9 @@ knob value computes the same function faster on some device (see build.toml):
   ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels (the Triton
   GEMV's tile is tuned per shape in prepare), ``pdl`` whether they launch as programmatic
   dependents, and ``residual`` (``projection`` | ``norm``) where the residual adds happen.
+- ``moe_routing`` (``plain`` | ``fused``) and ``moe_experts`` (``loop`` | ``gather`` | ``grouped``
+  | ``triton``): how a Mixture-of-Experts model's sparse layers route and run their experts (see
+  moe.py); each layer's MLP or MoE block is chosen once at load, and a dense model ignores both.
 - ``prefill``: ``exact`` (the prompt at its own length, op by op) | ``bucketed`` (static cache
   only): the prompt padded at the end to a power-of-two length bucket (``prefill_bucket``) and
   run with the same layer functions, causal, so the padding cannot change the prompt's
@@ -60,7 +63,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin, rope_inv_freq
 
 from . import layers as L
-from .fused import FusedDecoder
+from .fused import FusedDecoder, triton_usable
 from .kvcache import ConcatCache, StaticCache
 
 
@@ -122,11 +125,19 @@ class ReferenceHotPath:
         self.prefill_mode = str(knobs.get("prefill", "exact")) if self.kv_cache == "static" else "exact"
         self._prefilled: weakref.WeakSet[StaticCache] = weakref.WeakSet()  # caches holding prefills
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        moe_routing, moe_experts = (
+            str(knobs.get("moe_routing", "plain")),
+            str(knobs.get("moe_experts", "loop")),
+        )
         self.layers = L.prepare_layers(
             model.weights,
             c.num_hidden_layers,
             fused_qkv=bool(knobs.get("fused_qkv", False)),
             fused_gate_up=bool(knobs.get("fused_gate_up", False)),
+            config=c,
+            moe_routing=moe_routing,
+            moe_experts=moe_experts,
+            triton_ok=triton_usable(self.device),
         )
         self.embed = model.weights["model.embed_tokens.weight"]  # [V, H]
         self.final_norm = model.weights["model.norm.weight"]
@@ -146,6 +157,8 @@ class ReferenceHotPath:
                 gemv=str(knobs.get("gemv", "cublas")),
                 pdl=bool(knobs.get("pdl", False)),
                 residual=str(knobs.get("residual", "projection")),
+                moe_routing=moe_routing,
+                moe_experts=moe_experts,
             )
         self._compiled = (
             torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None
@@ -176,7 +189,7 @@ class ReferenceHotPath:
         attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.d)
         x = x + torch.nn.functional.linear(attn, lw.o_proj, lw.o_bias)
         h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)
-        return x + L.mlp(lw, h)
+        return x + lw.ffn(lw, h)  # the dense MLP or the MoE block, chosen per layer at load
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, H] -> float32 logits [B, V]."""
@@ -264,6 +277,9 @@ class ReferenceHotPath:
         for cache in list(self._prefilled):  # a cache that outlives its hot path keeps no graph
             cache.prefills.clear()
         self._prefilled = weakref.WeakSet()
+        for lw in self.layers:
+            if lw.moe is not None:
+                lw.moe.close()
         self.layers = []
         self._compiled = None
         if self.fused is not None:

@@ -3,7 +3,9 @@
 ``prepare_layers`` turns the model's HF-named weights into per-layer records, optionally fusing
 q/k/v and gate/up projections into one matrix each (``fused_qkv``, ``fused_gate_up`` knobs): one
 large matmul instead of several small ones. Fused matrices are new tensors owned by the hot path;
-unfused ones are views of the model's weights (no copy).
+unfused ones are views of the model's weights (no copy). A sparse (MoE) layer gets a ``moe.Moe``
+instead of gate/up/down matrices, and each layer's ``ffn`` is chosen here, once: ``mlp`` for a
+dense layer, ``moe_ffn`` for a sparse one, so the dense step has no per-step MoE branch.
 
 The functions know nothing about caches, slots or scheduling. Shapes: B = batch rows, T = new
 positions per row, L = attended positions, H = hidden size, D = head dim.
@@ -12,10 +14,15 @@ positions per row, L = attended positions, H = hidden size, D = head dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from polymorph_engine.runtime.config import ModelConfig
+
+from .moe import Moe
 
 
 @dataclass
@@ -24,7 +31,8 @@ class LayerWeights:
     mlp_norm: torch.Tensor  # [H]
     o_proj: torch.Tensor  # [H, nh*D]
     o_bias: torch.Tensor | None
-    down_proj: torch.Tensor  # [H, I]
+    down_proj: torch.Tensor | None  # [H, I]; None in a sparse layer
+    ffn: Callable[[LayerWeights, torch.Tensor], torch.Tensor]  # mlp, or moe_ffn in a sparse layer
     # Either the three/two separate matrices or the fused one is set.
     q_proj: torch.Tensor | None = None  # [nh*D, H]
     k_proj: torch.Tensor | None = None  # [nkv*D, H]
@@ -39,23 +47,36 @@ class LayerWeights:
     gate_proj: torch.Tensor | None = None  # [I, H]
     up_proj: torch.Tensor | None = None  # [I, H]
     gate_up_proj: torch.Tensor | None = None  # [2*I, H]
+    moe: Moe | None = None  # a sparse layer's router and experts
 
 
 def prepare_layers(
-    weights: dict[str, torch.Tensor], num_layers: int, fused_qkv: bool, fused_gate_up: bool
+    weights: dict[str, torch.Tensor],
+    num_layers: int,
+    fused_qkv: bool,
+    fused_gate_up: bool,
+    *,
+    config: ModelConfig | None = None,
+    moe_routing: str = "plain",
+    moe_experts: str = "loop",
+    triton_ok: bool = False,
 ) -> list[LayerWeights]:
+    """Per-layer records; a layer ``config.moe_layer`` names gets a ``Moe`` built with the
+    ``moe_routing`` / ``moe_experts`` knobs (``triton_ok``: whether its Triton kernels can run)."""
     layers = []
     for i in range(num_layers):
         p = f"model.layers.{i}"
         a = f"{p}.self_attn"
+        sparse = config is not None and config.moe_layer(i)
         lw = LayerWeights(
             attn_norm=weights[f"{p}.input_layernorm.weight"],
             mlp_norm=weights[f"{p}.post_attention_layernorm.weight"],
             o_proj=weights[f"{a}.o_proj.weight"],
             o_bias=weights.get(f"{a}.o_proj.bias"),
-            down_proj=weights[f"{p}.mlp.down_proj.weight"],
+            down_proj=None if sparse else weights[f"{p}.mlp.down_proj.weight"],
             q_norm=weights.get(f"{a}.q_norm.weight"),
             k_norm=weights.get(f"{a}.k_norm.weight"),
+            ffn=moe_ffn if sparse else mlp,
         )
         q, k, v = (weights[f"{a}.{n}_proj.weight"] for n in "qkv")
         qb, kb, vb = (weights.get(f"{a}.{n}_proj.bias") for n in "qkv")
@@ -66,6 +87,11 @@ def prepare_layers(
         else:
             lw.q_proj, lw.k_proj, lw.v_proj = q, k, v
             lw.q_bias, lw.k_bias, lw.v_bias = qb, kb, vb
+        if sparse:
+            assert config is not None
+            lw.moe = Moe(weights, config, i, routing=moe_routing, experts=moe_experts, triton_ok=triton_ok)
+            layers.append(lw)
+            continue
         gate, up = weights[f"{p}.mlp.gate_proj.weight"], weights[f"{p}.mlp.up_proj.weight"]
         if fused_gate_up:
             lw.gate_up_proj = torch.cat([gate, up], dim=0)
@@ -141,4 +167,11 @@ def mlp(lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
     else:
         assert lw.gate_proj is not None and lw.up_proj is not None
         gate, up = F.linear(h, lw.gate_proj), F.linear(h, lw.up_proj)
+    assert lw.down_proj is not None
     return F.linear(F.silu(gate) * up, lw.down_proj)
+
+
+def moe_ffn(lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    """A sparse layer's MoE block (moe.py): h [B, T, H] -> [B, T, H]."""
+    assert lw.moe is not None
+    return lw.moe(h)

@@ -1,0 +1,195 @@
+"""The sparse Mixture-of-Experts block of the reference build (Qwen3-MoE, Mixtral): routing, then
+the selected experts' SwiGLU, weighted and summed.
+
+``Moe`` is built once per sparse layer at load (``layers.prepare_layers``) and called as
+``moe(h)``: h [..., H] -> [..., H]. Two knobs pick how it computes:
+
+- ``moe_routing``: ``plain`` (the reference: a float32 softmax over all E router logits, the top
+  k, renormalised to sum to 1 where the config asks) | ``fused`` (the top k of the logits, then a
+  softmax over those k alone when renormalised, or exp(logit - logsumexp(all logits)) when not:
+  the same weights with no [T, E] probability tensor and no division).
+- ``moe_experts``:
+  - ``loop`` (the reference): each selected expert in turn over the rows that chose it, the set
+    read on the host (one sync per sparse layer). A step that cannot sync (being captured into
+    a CUDA graph, or traced by torch.compile) runs every expert over every row, weighted by its
+    routing weight, which is zero where it was not selected: the same function, with static
+    shapes and E/k times the work.
+  - ``gather``: gpt-fast's MoE: the experts stacked (w13 [E, 2I, H], w2 [E, H, I]), each row's
+    selected experts' weights indexed out and applied with einsum; static shapes, no sync. It
+    reads B*k expert matrices (duplicates included): at batch 1, a GEMV over the selected experts
+    alone. Rows run ``GATHER_ROWS`` at a time, bounding the gathered copy in a prompt.
+  - ``grouped``: the (row, expert) pairs sorted by expert and two grouped GEMMs over the stacks
+    (``torch._grouped_mm``, with per-expert offsets computed on the device): each selected
+    expert's weights read once however many rows chose it; static shapes, no sync. Where
+    ``torch._grouped_mm`` cannot run (an older torch, a dtype or layout it refuses; probed at
+    load) it computes as ``gather``.
+  - ``triton``: moe_kernels.py, vLLM fused_moe's approach: the pairs sorted by expert and padded
+    to blocks, one launch for all experts' gate/up projection with SiLU-and-multiply fused, one
+    for the down projection with the routing weight fused; the combine is one sum. CUDA (or the
+    triton interpreter) only; elsewhere it computes as ``grouped``.
+
+The stacks are the loader's packed expert tensors (``expert_stacks``): no copy of the experts.
+Nothing here knows about caches, attention or scheduling.
+Shapes: T = rows, H = hidden, I = expert width, E = experts, K = experts per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from polymorph_engine.runtime.checkpoint import expert_stacks
+from polymorph_engine.runtime.config import ModelConfig
+from polymorph_engine.runtime.model import moe_names
+
+GATHER_ROWS = 16
+"""Rows ``gather`` handles per einsum: the gathered weights are GATHER_ROWS * K expert matrices."""
+
+
+def _syncless() -> bool:
+    """Whether the running step may not read device values on the host (capture or tracing)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class Moe:
+    """One sparse layer's router and experts; see the module docstring."""
+
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        config: ModelConfig,
+        layer: int,
+        *,
+        routing: str = "plain",
+        experts: str = "loop",
+        triton_ok: bool = False,
+    ) -> None:
+        names = moe_names(config, layer)
+        self.router = weights[names.router]  # [E, H]
+        self.k, self.e, self.width = (
+            config.num_experts_per_tok,
+            config.num_experts,
+            config.moe_intermediate_size,
+        )
+        self.norm_topk = config.norm_topk_prob
+        self.routing = routing
+        # Per expert: (gate [I, H], up [I, H], down [H, I]), views of the model's weights.
+        self.experts = [
+            (weights[g], weights[u], weights[d])
+            for g, u, d in zip(names.gate, names.up, names.down, strict=True)
+        ]
+        self.w13: torch.Tensor | None = None  # [E, 2I, H]
+        self.w2: torch.Tensor | None = None  # [E, H, I]
+        if experts != "loop":
+            self.w13, self.w2 = expert_stacks(config, weights, layer)
+        if experts == "triton" and not triton_ok:
+            experts = "grouped"  # documented degradation: no triton here
+        if experts == "grouped" and not grouped_mm_usable(self.w13, self.w2):
+            experts = "gather"  # documented degradation: torch._grouped_mm cannot run this
+        self.mode = experts
+        self.kernels = None
+        if experts == "triton":
+            from . import moe_kernels  # optional extra: triton only when this knob value is chosen
+
+            self.kernels = moe_kernels
+        self._impl = {
+            "loop": self._loop,
+            "gather": self._gather,
+            "grouped": self._grouped,
+            "triton": self._triton,
+        }[experts]
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        shape = h.shape
+        flat = h.reshape(-1, shape[-1])  # [T, H]
+        weights, chosen = self.route(flat)
+        return self._impl(flat, weights, chosen).reshape(shape)
+
+    # --- routing ---
+
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """flat [T, H] -> routing weights [T, K] (activation dtype) and chosen experts [T, K] (int64)."""
+        logits = F.linear(flat, self.router).float()  # [T, E]
+        if self.routing == "fused":
+            top, chosen = logits.topk(self.k, dim=-1)
+            if self.norm_topk:
+                top = torch.softmax(top, dim=-1)
+            else:
+                top = (top - logits.logsumexp(dim=-1, keepdim=True)).exp()
+            return top.to(flat.dtype), chosen
+        probs = torch.softmax(logits, dim=-1)
+        top, chosen = probs.topk(self.k, dim=-1)
+        if self.norm_topk:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(flat.dtype), chosen
+
+    # --- experts ---
+
+    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        gate, up, down = self.experts[e]
+        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+    def _loop(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(flat)
+        if _syncless():
+            for e in range(self.e):  # static shapes: every expert, zero weight where not chosen
+                w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)  # [T, 1]
+                out += self._expert(flat, e) * w
+            return out
+        for e in sorted(set(chosen.flatten().tolist())):  # the host reads the selected set
+            rows, k = (chosen == e).nonzero(as_tuple=True)
+            out.index_add_(0, rows, self._expert(flat[rows], e) * weights[rows, k, None])
+        return out
+
+    def _gather(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        assert self.w13 is not None and self.w2 is not None
+        parts = []
+        for start in range(0, flat.shape[0], GATHER_ROWS):
+            x, c = flat[start : start + GATHER_ROWS], chosen[start : start + GATHER_ROWS]
+            gate, up = torch.einsum("th,tkoh->tko", x, self.w13[c]).chunk(2, dim=-1)  # [t, K, I]
+            y = torch.einsum("tki,tkhi->tkh", F.silu(gate) * up, self.w2[c])  # [t, K, H]
+            parts.append((y * weights[start : start + GATHER_ROWS, :, None]).sum(dim=1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _sorted_pairs(
+        self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The T*K (row, expert) pairs sorted by expert (stable): rows [T*K], their weights
+        [T*K], sorted experts [T*K] and offsets [E] (int32: the end of each expert's run)."""
+        experts = chosen.reshape(-1)
+        order = experts.argsort(stable=True)
+        sorted_experts = experts[order]
+        ends = torch.searchsorted(sorted_experts, torch.arange(self.e, device=flat.device), right=True)
+        return order // self.k, weights.reshape(-1)[order], sorted_experts, ends.to(torch.int32)
+
+    def _grouped(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        assert self.w13 is not None and self.w2 is not None
+        rows, w, _, offs = self._sorted_pairs(flat, weights, chosen)
+        gate, up = torch._grouped_mm(flat[rows], self.w13.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+        y = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(1, 2), offs=offs)  # [T*K, H]
+        return torch.zeros_like(flat).index_add_(0, rows, y * w[:, None])
+
+    def _triton(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        assert self.w13 is not None and self.w2 is not None and self.kernels is not None
+        return self.kernels.fused_moe(flat, self.w13, self.w2, weights, chosen)
+
+    def close(self) -> None:
+        self.experts = []
+        self.w13 = self.w2 = None
+
+
+def grouped_mm_usable(w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs these stacks (their dtype, device and layout), probed
+    on two rows."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    e = min(2, w13.shape[0])
+    offs = torch.arange(1, e + 1, device=w13.device, dtype=torch.int32)
+    try:
+        torch._grouped_mm(w13.new_zeros(e, w13.shape[2]), w13[:e].transpose(1, 2), offs=offs)
+        torch._grouped_mm(w2.new_zeros(e, w2.shape[2]), w2[:e].transpose(1, 2), offs=offs)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
