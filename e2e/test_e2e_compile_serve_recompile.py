@@ -4,8 +4,9 @@ Every step is the real command line in its own process, sharing one local store:
 
 1. ``polymorph compile`` runs a search campaign on the tiny model and stores its builds;
 2. ``polymorph experiment --build <id>`` runs the stored build again, hash-verified;
-3. ``polymorph engine serve --build <id>`` serves it; completions (plain and streaming) and
-   ``/metrics`` carry the build id; the sampled traffic trace is flushed on SIGTERM;
+3. ``polymorph engine serve --build <id>`` serves it; chat completions (plain and streaming, the
+   client traffic), a streamed completion and ``/metrics`` carry the build id; the sampled
+   traffic trace, a chat request at its rendered prompt length, is flushed on SIGTERM;
 4. ``polymorph compile --workload <trace>`` tunes again for the traffic the server saw.
 """
 
@@ -130,20 +131,39 @@ def test_compile_serve_capture_and_recompile(tmp_path: Path) -> None:
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             assert client.get("/readyz").status_code == 200
-            for n in range(6):
+            prompt_tokens = []  # the rendered prompts' lengths, as the engine counted them
+            for n in range(5):  # client traffic is chat
+                message = {"role": "user", "content": "x" * (10 + 7 * n)}
                 r = client.post(
-                    "/v1/completions",
-                    json={"model": "tiny", "prompt": "x" * (10 + 7 * n), "max_tokens": 4 + n},
+                    "/v1/chat/completions",
+                    json={"model": "tiny", "messages": [message], "max_completion_tokens": 4 + n},
                 )
                 assert r.status_code == 200, r.text
                 assert r.json()["usage"]["completion_tokens"] >= 1
+                prompt_tokens.append(r.json()["usage"]["prompt_tokens"])
+            assert prompt_tokens[0] > 10  # the chat template's text is part of the prompt
             with client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "hello"}],
+                    "max_tokens": 5,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            ) as s:
+                events = [line for line in s.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+            prompt_tokens.append(json.loads(events[-2].removeprefix("data: "))["usage"]["prompt_tokens"])
+            with client.stream(  # and a completion, streamed
                 "POST",
                 "/v1/completions",
                 json={"model": "tiny", "prompt": "hello", "max_tokens": 5, "stream": True},
             ) as s:
                 events = [line for line in s.iter_lines() if line.startswith("data: ")]
             assert events[-1] == "data: [DONE]"
+            prompt_tokens.append(len(b"hello"))
             metrics = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
         requests = [s for s in metrics["polymorph_requests"].samples if s.name == "polymorph_requests_total"]
         assert sum(s.value for s in requests if s.labels["status"] == "ok") == 7
@@ -160,6 +180,7 @@ def test_compile_serve_capture_and_recompile(tmp_path: Path) -> None:
     trace_file.write_bytes(store.get_bytes(traces[0]))
     captured = parse_trace(trace_file.read_text().splitlines())
     assert len(captured.requests) == 7
+    assert sorted(r.input_tokens for r in captured.requests) == sorted(prompt_tokens)  # chat: rendered
 
     # 4. Recompile for the traffic the server captured: a different workload, a new campaign.
     second = _compile(tmp_path, store_dir, "e2e-captured", "--workload", str(trace_file))

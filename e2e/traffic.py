@@ -1,11 +1,14 @@
-"""A traffic generator for the e2e: OpenAI completions to a Service's ready pods, in a workload shape
-that can be shifted while it runs.
+"""A traffic generator for the e2e: OpenAI chat completions to a Service's ready pods, in a workload
+shape that can be shifted while it runs.
 
 ``Traffic(endpoints, shape)`` runs ``shape.concurrency`` closed-loop clients. Each picks the next
 ready pod round-robin from ``endpoints()`` (what a Service with the deployment's selector routes
 to: both tracks, so the replica ratio is the traffic split, as in the product), sends
-``POST /v1/completions`` with a prompt of a length drawn from ``shape.prompt`` and ``max_tokens``
-from ``shape.output``, then pauses ``shape.think_s``. ``shift(shape)`` changes the shape for every
+``POST /v1/chat/completions``, as clients do, with one user message and ``max_completion_tokens``
+from ``shape.output``, then pauses ``shape.think_s``. A prompt's length drawn from ``shape.prompt``
+is its rendered length, what the engine counts (the served tiny shapes' default chat template
+adds ``TEMPLATE_TOKENS`` around the message), so the traffic profile the operator derives has the
+shape's prompt lengths; a length at or below ``TEMPLATE_TOKENS`` is sent as a one-letter message. ``shift(shape)`` changes the shape for every
 client from its next request on. ``stats()`` gives per-track request, error and token counts, for
 the story the demo prints (the split by replicas is visible in them).
 
@@ -22,12 +25,18 @@ from dataclasses import dataclass
 
 import httpx
 
+from polymorph_engine.runtime.tokenizer import ByteTokenizer
+from polymorph_engine.serving.chat import chat_messages, render_chat
 from support.local_pods import Endpoint
 
-__all__ = ["Shape", "TrackStats", "Traffic"]
+__all__ = ["TEMPLATE_TOKENS", "Shape", "TrackStats", "Traffic"]
 
 TRACK = "polymorph.dev/track"
 _WORDS = "abcdefghijklmnopqrstuvwxyz "  # prompts of random letters: one byte-level token each
+_CHAT = ByteTokenizer().chat_format
+assert _CHAT is not None
+TEMPLATE_TOKENS = len(render_chat(_CHAT, chat_messages([{"role": "user", "content": ""}])).encode())
+"""Tokens the served shapes' chat template renders around one user message (byte tokenizer)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class TrackStats:
 
 
 class Traffic:
-    """Closed-loop completion clients over a Service's ready endpoints; see the module docstring."""
+    """Closed-loop chat clients over a Service's ready endpoints; see the module docstring."""
 
     def __init__(self, endpoints: Callable[[], list[Endpoint]], shape: Shape, seed: int = 0) -> None:
         self.endpoints = endpoints
@@ -92,7 +101,8 @@ class Traffic:
         with self._lock:
             ready = sorted(self.endpoints(), key=lambda e: e.pod)
             shape = self.shape
-            prompt = "".join(self._rng.choices(_WORDS, k=self._rng.randint(*shape.prompt)))
+            length = max(1, self._rng.randint(*shape.prompt) - TEMPLATE_TOKENS)  # the message's
+            prompt = "".join(self._rng.choices(_WORDS, k=length))
             output = self._rng.randint(*shape.output)
             if not ready:
                 return None, prompt, output
@@ -112,10 +122,10 @@ class Traffic:
                 track = endpoint.labels.get(TRACK, "")
                 try:
                     r = http.post(
-                        f"{endpoint.url}/v1/completions",
+                        f"{endpoint.url}/v1/chat/completions",
                         json={
-                            "prompt": prompt,
-                            "max_tokens": output,
+                            "messages": [{"role": "user", "content": prompt}],
+                            "max_completion_tokens": output,
                         },
                     )
                     ok = r.status_code == 200
