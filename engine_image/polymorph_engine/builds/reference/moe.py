@@ -22,7 +22,8 @@ the selected experts' SwiGLU, weighted and summed.
     (``torch._grouped_mm``, with per-expert offsets computed on the device): each selected
     expert's weights read once however many rows chose it; static shapes, no sync. Where
     ``torch._grouped_mm`` cannot run (an older torch, a dtype or layout it refuses; probed at
-    load) it computes as ``gather``.
+    load), and under torch.compile in a dtype other than bfloat16 (its traced ``_grouped_mm``
+    takes bfloat16 alone), it computes as ``gather``.
   - ``triton``: moe_kernels.py, vLLM fused_moe's approach: the pairs sorted by expert and padded
     to blocks, one launch for all experts' gate/up projection with SiLU-and-multiply fused, one
     for the down projection with the routing weight fused; the combine is one sum. CUDA (or the
@@ -166,6 +167,8 @@ class Moe:
 
     def _grouped(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         assert self.w13 is not None and self.w2 is not None
+        if flat.dtype != torch.bfloat16 and torch.compiler.is_compiling():
+            return self._gather(flat, weights, chosen)  # torch.compile's _grouped_mm takes bfloat16 only
         rows, w, _, offs = self._sorted_pairs(flat, weights, chosen)
         gate, up = torch._grouped_mm(flat[rows], self.w13.transpose(1, 2), offs=offs).chunk(2, dim=-1)
         y = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(1, 2), offs=offs)  # [T*K, H]
