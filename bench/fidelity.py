@@ -16,6 +16,12 @@ both, and records output and total tok/s, TTFT p95 and ITL p95 of each, their re
 the seconds each took, and per shape whether the estimate ranks the builds as the full replay
 does wherever the replay separates them by more than ``--separation`` (3%).
 
+``passSplit`` says where a sampled pass's time goes, from ``--split-passes`` more passes after the
+estimate with every hot-path call timed to its end (a device sync before and after): the wall
+seconds of a pass, of each kind of call (``prefill`` counts the untimed refills of the decode
+state too, which ``fill`` gives alone), of laying out the workload (``layout``), and the rest
+(``host``: building inputs, reading tokens back, Python).
+
     PYTHONPATH=operator:engine_image python bench/fidelity.py --model llama-8b --device cuda \\
         --dtype bfloat16 --shapes bench/shapes/chat-single.yaml,bench/shapes/chat-default.yaml,\\
 bench/shapes/long-batch.yaml --builds "$B1;$B2" --out bench/results/fidelity-llama-8b-h200.json
@@ -88,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--separation", type=float, default=0.03, help="ratios the ranking check requires (default: 0.03)"
     )
+    p.add_argument(
+        "--split-passes",
+        type=integer(0, 100),
+        default=3,
+        help="passes timed call by call after each estimate, for passSplit (default: 3; 0: none)",
+    )
     p.add_argument("--threads", type=integer(1, 4096), default=1, help="torch threads on a CPU (default: 1)")
     p.add_argument("--out", type=Path)
     return p
@@ -125,6 +137,61 @@ def _figures(passes: list[Any]) -> dict[str, float]:
 
 def _error(estimate: dict[str, float], truth: dict[str, float]) -> dict[str, float]:
     return {k: estimate[k] / truth[k] - 1.0 for k in truth if truth[k]}
+
+
+class _Timed:
+    """A hot path whose every call is timed to its end (synced before and after), per method."""
+
+    METHODS = ("new_cache", "prefill", "decode", "sample", "free")
+
+    def __init__(self, inner: Any, sync: Any) -> None:
+        self.inner, self.sync = inner, sync
+        self.seconds: dict[str, float] = dict.fromkeys(self.METHODS, 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(self.METHODS, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if name not in self.METHODS:
+            return method
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.sync()
+            started = time.perf_counter()
+            out = method(*args, **kwargs)
+            self.sync()
+            self.seconds[name] += time.perf_counter() - started
+            self.calls[name] += 1
+            return out
+
+        return timed
+
+
+def _split(sampler: Any, reused: Any, passes: int) -> dict[str, Any]:
+    """Where ``passes`` more sampled passes spend their time, per pass (see the module docstring)."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.device(sampler.device).type == "cuda" else (lambda: None)
+    timed = _Timed(reused, sync)
+    sampler.hotpath = timed
+    fill, layout = sampler.fill_s, sampler.layout_s
+    started = time.perf_counter()
+    try:
+        for _ in range(passes):
+            sampler()
+    finally:
+        sampler.hotpath = reused
+    wall = (time.perf_counter() - started) / passes
+    calls = {name: s / passes for name, s in timed.seconds.items() if timed.calls[name]}
+    layout_s = (sampler.layout_s - layout) / passes
+    return {
+        "passes": passes,
+        "wallS": round(wall, 4),
+        "callsS": {name: round(s, 4) for name, s in calls.items()},
+        "callsPerPass": {name: n / passes for name, n in timed.calls.items() if n},
+        "fillS": round((sampler.fill_s - fill) / passes, 4),
+        "layoutS": round(layout_s, 4),
+        "hostS": round(wall - sum(calls.values()) - layout_s, 4),
+    }
 
 
 def _ranking(rows: list[dict[str, Any]], separation: float) -> dict[str, Any]:
@@ -252,6 +319,8 @@ def main() -> int:
                         clock=clock,
                     )
                     estimate = measure_one(sampler, policy)
+                    if args.split_passes:
+                        row["passSplit"] = _split(sampler, reused, args.split_passes)
                     sampler.release()
                     row["estimate"] = _figures(estimate.passes)
                     row["estimateS"] = round(time.perf_counter() - t, 2)

@@ -122,6 +122,11 @@ def test_fidelity_records_the_estimate_beside_the_full_replay(tmp_path: Path) ->
     for build in entry["builds"]:
         assert build["full"]["outputTokS"] > 0 and build["estimate"]["outputTokS"] > 0
         assert set(build["error"]) == {"outputTokS", "totalTokS", "ttftP95Ms", "itlP95Ms"}
+        # Where a sampled pass's time goes: its calls, layout and host work add up to its wall time.
+        split = build["passSplit"]
+        assert split["callsPerPass"]["prefill"] >= 1 and split["callsS"]["prefill"] > 0
+        parts = sum(split["callsS"].values()) + split["layoutS"] + split["hostS"]
+        assert parts == pytest.approx(split["wallS"], abs=2e-3)
     assert doc["device"]["type"] == "cpu" and doc["command"] and doc["date"]
 
 

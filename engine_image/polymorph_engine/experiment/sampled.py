@@ -78,6 +78,8 @@ class SampledPass:
         self.spare = len(plan.homes) if len(plan.homes) < shape[0] else None
         self.fill_s = 0.0
         """Wall seconds spent refilling the decode state so far (untimed work of the passes)."""
+        self.layout_s = 0.0
+        """Wall seconds spent laying out the workload with the timed costs so far (host work)."""
 
     def _prompt(self, n: int) -> torch.Tensor:
         return torch.randint(self.vocab_size, (n,), generator=self.rng, dtype=torch.int64)
@@ -142,7 +144,9 @@ class SampledPass:
             seconds, context = self._decode([slot], 1)
             probes.append((context, seconds))
         anchors = [(a.rows, *self._decode(list(range(a.first, a.first + a.rows)))) for a in self.plan.anchors]
+        started = time.perf_counter()
         timeline = simulate(self.workload, piecewise(prefills), _decode_cost(anchors, probes))
+        self.layout_s += time.perf_counter() - started
         return PassResult(
             duration_s=timeline.duration_s,
             input_tokens=timeline.input_tokens,
