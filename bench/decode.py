@@ -2,13 +2,21 @@
 """Batch decode throughput side by side, in one process on one GPU: peers and Polymorph builds.
 
 Engines (the ``engine`` field of each row):
-- ``hf-eager``: HF transformers ``LlamaForCausalLM``, dynamic cache, eager PyTorch;
+- ``hf-eager``: HF transformers' model of the architecture (``LlamaForCausalLM`` for the dense
+  shapes, ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM`` for the MoE ones), dynamic cache,
+  eager PyTorch;
 - ``hf-compiled``: the same model with a ``StaticCache`` and the decode step under
-  ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (HF's documented recipe);
+  ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (HF's documented recipe); a MoE model
+  asks for transformers' ``grouped_mm`` experts (its loop over the hit experts cannot be traced
+  whole), and where the compiled step still fails to build, the row runs eagerly with the static
+  cache and records ``compiled: false`` and the ``compile_error``;
 - ``compiled-peer``: ``Peer`` below, a gpt-fast-style model written for this benchmark (fused
   q/k/v and gate/up weights, a static cache, SDPA over the whole cache under a mask, the decode
   step under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` with inductor's
-  coordinate-descent tuning, as gpt-fast sets it);
+  coordinate-descent tuning, as gpt-fast sets it); on a Mixture-of-Experts model ``MoePeer``,
+  gpt-fast's Mixtral MoE (stacked expert weights, each token's selected experts' weights indexed
+  out and applied by einsum, the top-k weights renormalised where the config asks) with the
+  Qwen3 q/k norms where the model has them;
 - ``polymorph``: a Polymorph build through its hot path (``new_cache`` / ``prefill`` / ``decode``
   / ``sample``, as the engine calls it): the reference build with its default knobs, and the
   reference build with the knobs of ``--knobs`` (the build the campaign found); each row names
@@ -34,7 +42,8 @@ build's full replay (``bench/fidelity.py``), as a peer serving that traffic at t
 
 Roofline (``hot_vs_cold.decode_bytes_per_step``): bytes one step must read = every weight once
 (an untied input embedding as B rows, a tied one once, as the head) + the KV cache of B rows at
-the mean context; ``roofline_tok_s`` = B * copy bandwidth / those bytes, the bandwidth measured in
+the mean context, a MoE layer's experts counted as the E * (1 - (1 - k/E)^B) distinct ones B rows
+select on average; ``roofline_tok_s`` = B * copy bandwidth / those bytes, the bandwidth measured in
 this run by a 1 GiB device-to-device copy. ``roofline_fraction`` = tok_s / roofline_tok_s.
 
 ``--profile`` records, for the ``--knobs`` build at batch 1, the top kernels by device time over
@@ -384,11 +393,132 @@ class Peer:
         return (self._norm(x[:, -1], self.norm) @ self.head.T).float()
 
 
+@dataclass
+class MoePeerLayer:
+    wqkv: torch.Tensor  # [(nh+2nkv)*D, H]
+    wo: torch.Tensor  # [H, nh*D]
+    attn_norm: torch.Tensor  # [H]
+    ffn_norm: torch.Tensor  # [H]
+    k_cache: torch.Tensor  # [B, nkv, S, D]
+    v_cache: torch.Tensor
+    q_norm: torch.Tensor | None  # [D] (Qwen3-MoE)
+    k_norm: torch.Tensor | None
+    gate: torch.Tensor | None  # [E, H] router of a sparse layer
+    w13: torch.Tensor  # [E, 2I, H] stacked experts (a dense layer: [2I, H])
+    w2: torch.Tensor  # [E, H, I] (a dense layer: [H, I])
+
+
+class MoePeer(Peer):
+    """gpt-fast's Mixtral MoE over ``Peer``'s attention: stacked experts (the loader's packed
+    stacks, no copy), each token's selected experts' weights indexed out and applied by einsum
+    (``ConditionalFeedForward``), the top-k weights renormalised where the config asks; Qwen3-MoE's
+    q/k norms and dense layers where the model has them."""
+
+    MOE_CHUNK = 64
+    """Tokens per gathered einsum in a prompt: gpt-fast gathers all of them at once, which for a
+    long prompt of a large model is more memory than the GPU has."""
+
+    def __init__(self, model: Any, batch: int, max_seq: int) -> None:
+        from polymorph_engine.runtime.checkpoint import expert_stacks
+        from polymorph_engine.runtime.model import moe_names
+
+        c, w = model.config, model.weights
+        self.c, self.nh, self.nkv, self.d = c, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        dev, dt = model.device, model.dtype
+        self.moe_layers: list[MoePeerLayer] = []
+        for i in range(c.num_hidden_layers):
+            p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+            if c.moe_layer(i):
+                w13, w2 = expert_stacks(c, w, i)
+                gate: torch.Tensor | None = w[moe_names(c, i).router]
+            else:
+                w13 = torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]])
+                w2, gate = w[f"{p}.mlp.down_proj.weight"], None
+            self.moe_layers.append(
+                MoePeerLayer(
+                    wqkv=torch.cat([w[f"{a}.{n}_proj.weight"] for n in "qkv"]),
+                    wo=w[f"{a}.o_proj.weight"],
+                    attn_norm=w[f"{p}.input_layernorm.weight"],
+                    ffn_norm=w[f"{p}.post_attention_layernorm.weight"],
+                    k_cache=torch.zeros(batch, self.nkv, max_seq, self.d, device=dev, dtype=dt),
+                    v_cache=torch.zeros(batch, self.nkv, max_seq, self.d, device=dev, dtype=dt),
+                    q_norm=w.get(f"{a}.q_norm.weight"),
+                    k_norm=w.get(f"{a}.k_norm.weight"),
+                    gate=gate,
+                    w13=w13,
+                    w2=w2,
+                )
+            )
+        self.layers = []
+        self.embed = w["model.embed_tokens.weight"]
+        self.norm = w["model.norm.weight"]
+        self.head = self.embed if c.tie_word_embeddings else w["lm_head.weight"]
+        inv = rope_inv_freq(c, dev)
+        freqs = torch.arange(max_seq, device=dev).float()[:, None] * inv
+        emb = torch.cat([freqs, freqs], -1)
+        self.cos, self.sin = emb.cos().to(dt), emb.sin().to(dt)
+        self.causal = torch.ones(max_seq, max_seq, dtype=torch.bool, device=dev).tril()
+        for t in self.static_tensors():
+            torch._dynamo.mark_static_address(t)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        out = [self.embed, self.norm, self.head, self.cos, self.sin, self.causal]
+        for lw in self.moe_layers:
+            out += [lw.wqkv, lw.wo, lw.w13, lw.w2, lw.attn_norm, lw.ffn_norm, lw.k_cache, lw.v_cache]
+            out += [t for t in (lw.q_norm, lw.k_norm, lw.gate) if t is not None]
+        return out
+
+    def _experts(self, x: torch.Tensor, lw: MoePeerLayer) -> torch.Tensor:
+        """gpt-fast's MOEFeedForward: x [T, H] -> [T, H]."""
+        assert lw.gate is not None
+        weights = F.softmax(F.linear(x, lw.gate).float(), dim=-1)  # [T, E]
+        weights, chosen = torch.topk(weights, self.c.num_experts_per_tok, dim=-1)  # [T, A]
+        if self.c.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = []
+        for start in range(0, x.shape[0], self.MOE_CHUNK):
+            xs, cs = x[start : start + self.MOE_CHUNK], chosen[start : start + self.MOE_CHUNK]
+            g, u = torch.einsum("ti,taoi->tao", xs, lw.w13[cs]).chunk(2, -1)  # [T, A, I]
+            y = torch.einsum("tao,taio->tai", F.silu(g) * u, lw.w2[cs])  # [T, A, H]
+            out.append(torch.einsum("tai,ta->ti", y, weights[start : start + self.MOE_CHUNK]))
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T], pos [T] (shared by the rows) -> logits [B, V] of the last position."""
+        b, t = tokens.shape
+        x = self.embed[tokens]  # [B, T, H]
+        mask = self.causal[pos][None, None]  # [1, 1, T, S]
+        for lw in self.moe_layers:
+            qkv = F.linear(self._norm(x, lw.attn_norm), lw.wqkv)
+            q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], -1)
+            q, k = q.view(b, t, self.nh, self.d), k.view(b, t, self.nkv, self.d)
+            if lw.q_norm is not None and lw.k_norm is not None:
+                q, k = self._norm(q, lw.q_norm), self._norm(k, lw.k_norm)
+            q, k = self._rope(q.transpose(1, 2), pos), self._rope(k.transpose(1, 2), pos)
+            lw.k_cache[:, :, pos] = k
+            lw.v_cache[:, :, pos] = v.view(b, t, self.nkv, self.d).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, lw.k_cache, lw.v_cache, attn_mask=mask, enable_gqa=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(b, t, -1), lw.wo)
+            h = self._norm(x, lw.ffn_norm)
+            if lw.gate is None:
+                g, u = F.linear(h, lw.w13).chunk(2, -1)
+                x = x + F.linear(F.silu(g) * u, lw.w2)
+            else:
+                x = x + self._experts(h.reshape(b * t, -1), lw).view(b, t, -1)
+        return (self._norm(x[:, -1], self.norm) @ self.head.T).float()
+
+
+def peer_for(model: Any, batch: int, max_seq: int) -> Peer:
+    """The compiled peer of ``model``: ``MoePeer`` for a Mixture-of-Experts model, else ``Peer``."""
+    return (MoePeer if model.config.is_moe else Peer)(model, batch, max_seq)
+
+
 def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch._inductor.config as inductor_config
 
     max_seq = args.prompt + args.warmup + args.steps + 8
-    peer = Peer(model, batch, max_seq)
+    peer = peer_for(model, batch, max_seq)
     toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, model.device)
     with torch.no_grad():
         first = peer.forward(toks, torch.arange(args.prompt, device=model.device)).argmax(-1)
@@ -410,7 +540,7 @@ def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]
         lengths = _lengths(args)
         if lengths:
             del peer, decode, state
-            one = Peer(model, 1, max(lengths) + 8)
+            one = peer_for(model, 1, max(lengths) + 8)
 
             def prefill(tokens: torch.Tensor) -> None:
                 int(one.forward(tokens[None], torch.arange(len(tokens), device=model.device)).argmax(-1)[0])
@@ -424,17 +554,28 @@ def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]
 # --- HF transformers -------------------------------------------------------------------------
 
 
-def hf_model(model: Any) -> Any:
-    """An HF ``LlamaForCausalLM`` whose parameters are the ``LoadedModel``'s tensors (no copies)."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: an optional extra, HF rows only
+def hf_model(model: Any, compiled: bool = False) -> Any:
+    """HF's model of the architecture whose parameters are the ``LoadedModel``'s tensors (no
+    copies): ``LlamaForCausalLM`` for the dense shapes (their Qwen variants' extras aside), the
+    architecture's own class for a MoE model; ``compiled`` asks a MoE model for transformers'
+    ``grouped_mm`` experts, which torch.compile can trace."""
+    import transformers  # lazy: an optional extra, HF rows only
 
     doc = model.config.to_hf(model.dtype)
     doc.pop("architectures", None)
-    doc.pop("model_type", None)
-    config = LlamaConfig(**doc)
-    with torch.device("meta"):
-        hf = LlamaForCausalLM(config)
-    state = dict(model.weights)
+    arch = doc.pop("model_type", None)
+    if model.config.is_moe:
+        if compiled:
+            doc["experts_implementation"] = "grouped_mm"
+        config = transformers.AutoConfig.for_model(arch, **doc)
+        with torch.device("meta"):
+            hf = transformers.AutoModelForCausalLM.from_config(config)
+        state = _hf_moe_state(model, hf.state_dict())
+    else:
+        config = transformers.LlamaConfig(**doc)
+        with torch.device("meta"):
+            hf = transformers.LlamaForCausalLM(config)
+        state = dict(model.weights)
     if model.config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     hf.load_state_dict(state, strict=False, assign=True)
@@ -447,10 +588,41 @@ def hf_model(model: Any) -> Any:
     return hf.eval()
 
 
+def _hf_moe_state(model: Any, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``LoadedModel``'s weights under the HF model's own names: the checkpoint's names where
+    they match (transformers 4: one module per expert), the packed expert stacks for transformers
+    5's ``mlp.experts.gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I], the router by layer."""
+    from polymorph_engine.runtime.checkpoint import expert_stacks
+    from polymorph_engine.runtime.model import moe_names
+
+    c, w = model.config, model.weights
+    state: dict[str, torch.Tensor] = {}
+    for key in hf_state:
+        if key in w:
+            state[key] = w[key]
+            continue
+        parts = key.split(".")
+        if len(parts) < 4 or parts[:2] != ["model", "layers"] or not c.moe_layer(int(parts[2])):
+            continue
+        layer = int(parts[2])
+        if key.endswith("experts.gate_up_proj"):
+            state[key] = expert_stacks(c, w, layer)[0]
+        elif key.endswith("experts.down_proj"):
+            state[key] = expert_stacks(c, w, layer)[1]
+        elif key.endswith("gate.weight"):
+            state[key] = w[moe_names(c, layer).router]
+        elif ".experts." in key:  # one module per expert, under names other than the checkpoint's
+            e, proj = int(parts[-3]), parts[-2]
+            names = moe_names(c, layer)
+            by = {"gate_proj": names.gate, "w1": names.gate, "up_proj": names.up, "w3": names.up}
+            state[key] = w[by.get(proj, names.down)[e]]
+    return state
+
+
 def run_hf(model: Any, batch: int, args: argparse.Namespace, compiled: bool) -> dict[str, Any]:
     from transformers import DynamicCache, StaticCache  # lazy: an optional extra, HF rows only
 
-    hf = hf_model(model)
+    hf = hf_model(model, compiled)
     dev = model.device
     toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, dev)
     max_len = args.prompt + args.warmup + args.steps + 8
@@ -483,6 +655,7 @@ def run_hf(model: Any, batch: int, args: argparse.Namespace, compiled: bool) -> 
             return logits[:, -1]
 
         fn = torch.compile(forward, mode="reduce-overhead", fullgraph=True) if compiled else forward
+        compile_error = None
 
         def step() -> None:
             state["tok"] = fn(state["tok"], state["pos"]).argmax(-1)[:, None]
@@ -490,12 +663,23 @@ def run_hf(model: Any, batch: int, args: argparse.Namespace, compiled: bool) -> 
 
         if compiled:
             t = time.perf_counter()
-            for _ in range(3):
-                step()
+            try:
+                for _ in range(3):
+                    step()
+            except Exception as exc:
+                if not model.config.is_moe:
+                    raise
+                # A MoE model's compiled step may not build: run it eagerly, static cache and all.
+                compile_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                torch._dynamo.reset()
+                fn = forward
             _sync()
             prepare_s = time.perf_counter() - t
         seconds = timed_decode(step, args.steps, max(0, args.warmup - (3 if compiled else 0)))
         out: dict[str, Any] = {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+        if compiled and model.config.is_moe:
+            out["compiled"] = compile_error is None
+            out["compile_error"] = compile_error
         lengths = _lengths(args)
         if lengths:
             del cache, state

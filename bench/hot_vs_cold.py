@@ -208,6 +208,9 @@ def decode_bytes_per_step(config: Any, elem_bytes: int, context: float, batch: i
     Every weight once, except the input embedding: a step reads one row of it per sequence, so an
     untied table counts as ``batch`` rows, and a tied one once, as the head (its rows are then
     read anyway). Plus each row's KV cache at ``context`` positions (keys and values, all layers).
+    A Mixture-of-Experts layer reads its router and only the experts the batch selects: with
+    ``batch`` rows each choosing k of E uniformly, E * (1 - (1 - k/E)^batch) distinct experts on
+    average (``expected_experts``), each 3 * H * I weights.
     """
     from polymorph_engine.runtime.checkpoint import weight_shapes
 
@@ -215,8 +218,19 @@ def decode_bytes_per_step(config: Any, elem_bytes: int, context: float, batch: i
     params = sum(math.prod(shape) for shape in weight_shapes(c).values())
     if not c.tie_word_embeddings:
         params -= c.vocab_size * c.hidden_size - batch * c.hidden_size
+    sparse = sum(1 for i in range(c.num_hidden_layers) if c.moe_layer(i))
+    if sparse:
+        per_expert = 3 * c.hidden_size * c.moe_intermediate_size
+        read = expected_experts(c.num_experts, c.num_experts_per_tok, batch)
+        params -= sparse * (c.num_experts - read) * per_expert
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * context * batch
     return elem_bytes * (params + kv)
+
+
+def expected_experts(experts: int, per_token: int, batch: int) -> float:
+    """Distinct experts ``batch`` rows select on average, each choosing ``per_token`` of ``experts``
+    uniformly: E * (1 - (1 - k/E)^B)."""
+    return experts * (1 - (1 - per_token / experts) ** batch)
 
 
 def decode_batch1(engine: Any, build: Path, prompt_len: int, steps: int, device: str) -> float:
