@@ -1,0 +1,111 @@
+"""Triton kernels of the MoE block (``moe_experts = "triton"``; see moe.py).
+
+``fused_moe``: the (row, expert) pairs sorted by expert, then one launch for every expert's
+gate/up projection with SiLU-and-multiply fused in (``_gate_up_kernel``), one launch for every
+expert's down projection with the pair's routing weight fused in (``_down_kernel``), and the
+combine as one ``index_add_``. Each program computes one pair's BLOCK_N outputs, reading its
+expert's weight tile by tile: at decode a GEMV over the selected experts, one launch for all of
+them; sorting the pairs by expert keeps the programs that share an expert adjacent, so a weight
+tile several rows chose is read from L2. (vLLM's fused_moe also pads each expert's pairs to a
+block of rows and runs them as one tiled GEMM, which wins on prompts; this kernel is the
+decode-shaped half of that.)
+
+Rounding follows the reference: the projections accumulate in float32 and are rounded to the
+activation dtype where the reference rounds them. Triton is an optional extra of this build:
+this module is imported only when the knob selects it. On CPU it runs only under the triton
+interpreter (tests). Shapes: T = rows, P = T * K pairs, H = hidden, I = expert width, E = experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [T, H]
+    w13_ptr,  # [E, 2I, H]
+    rows_ptr,  # [P] int64: each sorted pair's row
+    experts_ptr,  # [P] int64: each sorted pair's expert
+    y_ptr,  # [P, I]: silu(gate) * up
+    H,
+    W,  # the expert width (I)
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.load(rows_ptr + pair)
+    expert = tl.load(experts_ptr + pair)
+    w_base = w13_ptr + expert * 2 * W * H
+    gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * H + k, mask=k < H, other=0.0).to(tl.float32)
+        mask = (n[:, None] < W) & (k[None, :] < H)
+        wg = tl.load(w_base + n[:, None] * H + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        wu = tl.load(w_base + (W + n[:, None]) * H + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        gate += tl.sum(wg * x[None, :], axis=1)
+        up += tl.sum(wu * x[None, :], axis=1)
+    dtype = y_ptr.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)  # rounded where the reference rounds its projections
+    up = up.to(dtype).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(y_ptr + pair * W + n, (act * up).to(dtype), mask=n < W)
+
+
+@triton.jit
+def _down_kernel(
+    y_ptr,  # [P, I]
+    w2_ptr,  # [E, H, I]
+    experts_ptr,  # [P] int64
+    weights_ptr,  # [P]: each sorted pair's routing weight
+    out_ptr,  # [P, H]
+    H,
+    W,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert = tl.load(experts_ptr + pair)
+    w_base = w2_ptr + expert * H * W
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, W, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        y = tl.load(y_ptr + pair * W + k, mask=k < W, other=0.0).to(tl.float32)
+        mask = (n[:, None] < H) & (k[None, :] < W)
+        w = tl.load(w_base + n[:, None] * W + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += tl.sum(w * y[None, :], axis=1)
+    dtype = out_ptr.dtype.element_ty
+    weight = tl.load(weights_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + pair * H + n, (acc.to(dtype).to(tl.float32) * weight).to(dtype), mask=n < H)
+
+
+def fused_moe(
+    flat: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+) -> torch.Tensor:
+    """flat [T, H], w13 [E, 2I, H], w2 [E, H, I], routing weights and chosen experts [T, K] ->
+    [T, H]: sum over each row's K experts of weight * down(silu(gate(x)) * up(x))."""
+    t, h = flat.shape
+    k = chosen.shape[1]
+    width = w2.shape[2]
+    experts = chosen.reshape(-1)
+    order = experts.argsort(stable=True)
+    rows, sorted_experts = order // k, experts[order].contiguous()
+    pair_weights = weights.reshape(-1)[order].contiguous()
+    pairs = t * k
+    x, a, b = flat.contiguous(), w13.contiguous(), w2.contiguous()
+    y = flat.new_empty(pairs, width)
+    block_n, block_k = 32, 64
+    _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](
+        x, a, rows, sorted_experts, y, h, width, BLOCK_N=block_n, BLOCK_K=block_k
+    )
+    out_pairs = flat.new_empty(pairs, h)
+    _down_kernel[(pairs, triton.cdiv(h, block_n))](
+        y, b, sorted_experts, pair_weights, out_pairs, h, width, BLOCK_N=block_n, BLOCK_K=block_k
+    )
+    return torch.zeros_like(flat).index_add_(0, rows, out_pairs)

@@ -1,0 +1,73 @@
+"""``moe_experts = "triton"`` (moe_kernels.py) against the default knobs and against a plain
+computation, on CPU through the triton interpreter (test_fast_knobs' fixture sets it up for this
+module alone); without triton it is checked to degrade to ``grouped``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+import torch
+from test_fast_knobs import (  # a sibling test module (rootdir imports)
+    HAVE_TRITON,
+    _assert_agrees,
+    _triton_interpreter,  # noqa: F401  (the module's autouse fixture: TRITON_INTERPRET=1 on CPU)
+    run_scenario,
+)
+
+from polymorph.contract.builds import REFERENCE_BUILD
+from polymorph_engine.runtime.checkpoint import load_model
+from polymorph_engine.runtime.loader import load_hotpath
+
+needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+FUSED = {"kv_cache": "static", "decode_step": "fused", "sampling": "device"}
+
+
+@needs_triton
+@pytest.mark.parametrize("shape", ["qwen3-moe-tiny", "mixtral-tiny"])
+@pytest.mark.parametrize(
+    "knobs", [{"moe_experts": "triton"}, {**FUSED, "moe_experts": "triton"}], ids=["layered", "fused"]
+)
+def test_triton_experts_agree_with_the_defaults(shape: str, knobs: dict[str, Any]) -> None:
+    model = load_model(shape, seed=5)
+    hotpath, _, _ = load_hotpath(model, REFERENCE_BUILD, knobs)
+    assert {lw.moe.mode for lw in hotpath.layers if lw.moe is not None} == {"triton"}
+    hotpath.close()
+    _assert_agrees(run_scenario(model, knobs, seed=3), run_scenario(model, {}, seed=3))
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 7])
+def test_fused_moe_matches_a_plain_loop(rows: int) -> None:
+    hotpath, _, _ = load_hotpath(
+        load_model("qwen3-moe-tiny", seed=1), REFERENCE_BUILD, {"moe_experts": "triton"}
+    )
+    kernels = sys.modules[type(hotpath).__module__.rsplit(".", 1)[0] + ".moe_kernels"]
+    g = torch.Generator().manual_seed(rows)
+    t, h, width, e, k = rows, 72, 40, 6, 3  # not multiples of the tiles: every mask is exercised
+    x = torch.randn(t, h, generator=g)
+    w13, w2 = (
+        torch.randn(e, 2 * width, h, generator=g) / h**0.5,
+        torch.randn(e, h, width, generator=g) / width**0.5,
+    )
+    chosen = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    weights = torch.rand(t, k, generator=g)
+    want = torch.zeros_like(x)
+    for r in range(t):
+        for j in range(k):
+            gate, up = (w13[chosen[r, j]] @ x[r]).chunk(2)
+            want[r] += weights[r, j] * (w2[chosen[r, j]] @ (torch.nn.functional.silu(gate) * up))
+    torch.testing.assert_close(kernels.fused_moe(x, w13, w2, weights, chosen), want, atol=1e-5, rtol=1e-5)
+    hotpath.close()
+
+
+def test_triton_experts_degrade_to_grouped_where_triton_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("triton runs on CUDA")
+    hotpath, _, _ = load_hotpath(
+        load_model("mixtral-tiny", seed=1), REFERENCE_BUILD, {"moe_experts": "triton"}
+    )
+    assert {lw.moe.mode for lw in hotpath.layers if lw.moe is not None} == {"grouped"}
+    hotpath.close()
