@@ -34,6 +34,7 @@ from polymorph.contract.api.rules import (
     add_rules,
     cel_strictly_increasing,
     check_rules,
+    min_max_rules,
     strictly_increasing,
 )
 
@@ -223,19 +224,7 @@ ConstraintMetric = Literal[
 class Constraint(StrictModel):
     """A bound a build must respect to win, e.g. ``{metric: itlP95Ms, max: 30}``."""
 
-    RULES = (
-        Rule(
-            "has(self.min) || has(self.max)",
-            "a constraint needs min, max or both",
-            lambda c: c.min is not None or c.max is not None,
-        ),
-        Rule(
-            "!has(self.min) || !has(self.max) || self.min <= self.max",
-            "constraint min must be <= max",
-            lambda c: c.min is None or c.max is None or c.min <= c.max,
-            field="min",
-        ),
-    )
+    RULES = min_max_rules("a constraint needs min, max or both", "constraint min must be <= max")
 
     metric: ConstraintMetric
     min: float | None = None

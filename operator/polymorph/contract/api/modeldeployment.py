@@ -31,7 +31,7 @@ from polymorph.contract.api.common import (
     StrictModel,
 )
 from polymorph.contract.api.deployment_status import ModelDeploymentStatus
-from polymorph.contract.api.rules import Rule, name_rule, strictly_increasing
+from polymorph.contract.api.rules import Rule, min_max_rules, name_rule, strictly_increasing
 
 Accelerator = Literal[
     "cpu", "nvidia-h100", "nvidia-h200", "nvidia-b200", "amd-mi300x", "amd-mi355x", "aws-trainium2"
@@ -225,19 +225,7 @@ class RolloutStep(StrictModel):
 class ThresholdRange(StrictModel):
     """The range an analysis value must stay in; one bound or both."""
 
-    RULES = (
-        Rule(
-            "has(self.min) || has(self.max)",
-            "thresholdRange needs min, max or both",
-            lambda t: t.min is not None or t.max is not None,
-        ),
-        Rule(
-            "!has(self.min) || !has(self.max) || self.min <= self.max",
-            "thresholdRange min must be <= max",
-            lambda t: t.min is None or t.max is None or t.min <= t.max,
-            field="min",
-        ),
-    )
+    RULES = min_max_rules("thresholdRange needs min, max or both", "thresholdRange min must be <= max")
 
     min: float | None = None
     max: float | None = None

@@ -37,6 +37,7 @@ __all__ = [
     "add_rules",
     "cel_strictly_increasing",
     "check_rules",
+    "min_max_rules",
     "name_rule",
     "strictly_increasing",
 ]
@@ -101,6 +102,25 @@ def name_rule(max_length: int, pattern: str, message: str) -> Rule:
             len(resource.metadata.name) <= max_length and regex.match(resource.metadata.name) is not None
         ),
         field="metadata.name",
+    )
+
+
+def min_max_rules(needs_a_bound: str, ordered: str) -> tuple[Rule, Rule]:
+    """The two rules of a range of optional ``min`` and ``max`` fields: at least one is given
+    (``needs_a_bound``, reported at the model), and ``min <= max`` when both are (``ordered``,
+    reported at ``min``)."""
+    return (
+        Rule(
+            "has(self.min) || has(self.max)",
+            needs_a_bound,
+            lambda r: r.min is not None or r.max is not None,
+        ),
+        Rule(
+            "!has(self.min) || !has(self.max) || self.min <= self.max",
+            ordered,
+            lambda r: r.min is None or r.max is None or r.min <= r.max,
+            field="min",
+        ),
     )
 
 
