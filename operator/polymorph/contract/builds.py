@@ -152,11 +152,7 @@ def read_build(dir: Path) -> BuildDeclaration:
     build = doc.get("build")
     if not isinstance(build, dict):
         raise BuildError(f'{where}: missing [build] table (with at least name = "...").')
-    unknown = sorted(set(build) - _BUILD_KEYS)
-    if unknown:
-        raise BuildError(
-            f"{where}: unknown field build.{unknown[0]}; allowed are {', '.join(sorted(_BUILD_KEYS))}."
-        )
+    _refuse_unknown_fields(where, "build", build, _BUILD_KEYS, ", ".join(sorted(_BUILD_KEYS)))
     for key in _BUILD_KEYS:
         if key in build and not isinstance(build[key], str):
             raise BuildError(f"{where}: build.{key} must be a string; got {build[key]!r}.")
@@ -199,18 +195,25 @@ def read_build(dir: Path) -> BuildDeclaration:
     )
 
 
+def _refuse_unknown_fields(
+    where: str, path: str, table: Mapping[str, object], known: set[str], allowed: str
+) -> None:
+    """``BuildError`` naming the first (sorted) key of the ``path`` table outside ``known``, and
+    ``allowed`` (the known keys as the message lists them)."""
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise BuildError(f"{where}: unknown field {path}.{unknown[0]}; allowed are {allowed}.")
+
+
 def _read_knob(where: str, name: str, doc: object) -> Knob:
     path = f"knobs.{name}"
     if not _NAME_RE.match(name):
         raise BuildError(f"{where}: knob name {name!r} must be an identifier (letters, digits, underscores).")
     if not isinstance(doc, dict):
         raise BuildError(f"{where}: {path} must be a table with choices and default.")
-    unknown = sorted(set(doc) - _KNOB_KEYS)
-    if unknown:
-        raise BuildError(
-            f"{where}: unknown field {path}.{unknown[0]}; allowed are choices, default, description, requires, "
-            "accelerator_only."
-        )
+    _refuse_unknown_fields(
+        where, path, doc, _KNOB_KEYS, "choices, default, description, requires, accelerator_only"
+    )
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices:
         raise BuildError(f"{where}: {path}.choices must be a non-empty list of values.")
