@@ -156,6 +156,20 @@ def _hardened(read_only: bool = True) -> dict[str, Any]:
     }
 
 
+def _hardened_pod() -> dict[str, Any]:
+    """The pod-level settings of every pod the operator makes (its containers take ``_hardened``):
+    no service account token or service links, non-root, volumes owned by the non-root group."""
+    return {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "fsGroup": NONROOT_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
 def _store_env(settings: ClusterSettings) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "POLYMORPH_STORE", "value": settings.store}]
     if settings.store_secret:
@@ -260,13 +274,7 @@ def serving_deployment(
     if any(resources.values()):
         container["resources"] = {k: v for k, v in resources.items() if v}
     pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "fsGroup": NONROOT_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        **_hardened_pod(),
         "initContainers": mount.init_containers,
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *mount.volumes],
@@ -411,13 +419,7 @@ def sandbox_job(cj: CompileJob, settings: ClusterSettings, max_batch: int | None
     ]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "fsGroup": NONROOT_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        **_hardened_pod(),
         "initContainers": [*mount.init_containers, engine],
         "containers": [agent],
         "volumes": volumes,
