@@ -15,11 +15,8 @@ It only gathers inputs and wires the supervisor and the admin server together.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 from polymorph.contract.api import parse_duration
 from polymorph.contract.errors import UsageError
@@ -36,6 +33,7 @@ from polymorph.contract.workload import (
 from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, WorkerStartError
 from polymorph_engine.sandbox.admin import serve_admin
+from polymorph_engine.serving.signals import StopSignals
 
 __all__ = ["DEFAULT_PORT", "configure", "run"]
 
@@ -119,13 +117,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir) if args.workdir else None
     # The port is bound before the model loads, so a taken one is refused in a moment, not after it.
     server = serve_admin(supervisor, "127.0.0.1", args.port, workdir=workdir)
-    stop = threading.Event()
-
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = StopSignals()
     try:
         try:
             supervisor.start()
@@ -137,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        while not stop.wait(0.5):
-            pass
+        stop.wait()
     finally:
         server.close()
         supervisor.close()

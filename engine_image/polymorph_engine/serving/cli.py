@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import FrameType
 
 from polymorph.contract.builds import resolve_build_arg
 from polymorph.contract.errors import BuildError, StoreError, UsageError
@@ -39,6 +37,7 @@ from polymorph_engine.runtime.loader import load_hotpath
 from polymorph_engine.serving.metrics import ServerMetrics
 from polymorph_engine.serving.server import EngineServer
 from polymorph_engine.serving.service import DEFAULT_MAX_QUEUE, CompletionService
+from polymorph_engine.serving.signals import StopSignals
 from polymorph_engine.serving.trace import TraceSampler, flush_trace
 
 __all__ = ["configure", "run"]
@@ -200,13 +199,7 @@ def run(args: argparse.Namespace) -> int:
     )
     server.service = service
     flusher = _TraceFlusher(sampler, store, args.namespace, _md(args), metrics)
-    stopping = threading.Event()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop = StopSignals()
     logging.basicConfig(level=logging.INFO, format="polymorph engine: %(message)s", stream=sys.stderr)
     try:
         server.start(grace_s=args.shutdown_grace)
@@ -216,8 +209,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        while not stopping.wait(0.5):
-            pass
+        stop.wait()
     finally:
         service.close(grace_s=args.shutdown_grace)  # readyz turns 503; admitted requests finish
         server.close()  # streams write their last events, then the socket goes
