@@ -1,4 +1,6 @@
-"""The fused decode step of the reference build (knob ``decode_step = "fused"``).
+"""The fused decode step of the reference build (knob ``decode_step = "fused"``; build.toml
+describes it and the knobs that tune it: ``kernels``, ``capture_buckets``, ``gemv``, ``pdl``,
+``residual``).
 
 One decode step over a ``StaticCache`` as few large operations per layer: the input norm fused
 into one q/k/v projection, RoPE and the cache write in one operation, attention, the output
@@ -6,41 +8,21 @@ projection with its residual add, the MLP norm fused into one gate/up projection
 into the down projection with its residual add; then the final norm and the head. Positions come
 from ``cache.lengths`` on the device and the step advances them itself, so on CUDA the whole
 step, every layer and the head, is one CUDA graph per batch bucket, replayed with no host work
-besides copying the slots and tokens in (host out of the loop).
+besides copying the slots and tokens in. What runs each operation is a class of fused_ops.py
+(``TorchOps``, ``TritonOps``); ``kernels = "compile"`` compiles ``TorchOps`` per layer, one
+compilation per bucket shared by all layers (every layer has the same shapes).
 
-Which implementation runs each operation is the ``kernels`` knob (the classes are in fused_ops.py):
-- ``torch``: ``TorchOps``, plain PyTorch (the reference's own layer functions), attending over
-  the whole ``max_seq_len`` under a mask, as the reference's captured step does;
-- ``triton``: ``TritonOps`` (kernels.py, gemv_kernels.py, attention_kernels.py): one RoPE+store
-  launch, split-KV attention over the live length only, one-launch RMSNorm and SwiGLU, and the
-  projections either through cuBLAS (residual adds in its epilogue; ``gemv = "cublas"``) or, for
-  up to ``GEMV_MAX_ROWS`` rows, through the Triton GEMV with norm / SwiGLU / residual fused in
-  (``gemv = "triton"``; its tile is tuned per shape at its first call, in prepare). ``pdl``
-  launches every Triton kernel as a programmatic dependent (Hopper and later): a kernel's
-  launch, and a GEMV's first weight tile, overlap the tail of the kernel before it. ``residual =
-  "norm"`` defers each residual add into the next norm's launch (``add_norm``): the projections
-  then write plain outputs (no addmm copy of the residual, no separate add). Used on CUDA, and on
-  CPU only under ``TRITON_INTERPRET=1`` (tests); elsewhere it degrades to ``torch``;
-- ``compile``: ``TorchOps`` per layer under ``torch.compile(fullgraph=True, dynamic=False)`` with
-  inductor's coordinate-descent tuning (which turns batch-1 matmuls into tuned reductions fused
-  with their neighbours). Every layer has the same shapes, so one compilation per batch bucket
-  serves all layers, and the whole step is still captured as one graph on CUDA.
-
-``capture_buckets`` picks the batch buckets prepared in ``prepare``: ``pow2`` (1, 2, 4, ... up to
-max_batch, plus max_batch) or ``max`` (max_batch alone: smaller batches are padded; one capture
-and one compilation, which is what a fixed-concurrency workload uses).
-
-The fused step always uses fused q/k/v and gate/up weights (it builds them once at load,
-whatever ``fused_qkv`` / ``fused_gate_up`` say). A sparse (MoE) layer runs ``_moe_layer``: the
-same attention, then the MLP norm and the layer's ``moe.Moe`` (``moe_routing``, ``moe_experts``)
-with the residual add; which of the two each layer runs is chosen once, at load. Under capture or
-compile the MoE block takes its static-shape form (moe.py). It knows nothing about prefill, scheduling or
-sampling. Shapes: B = rows (a bucket), H = hidden, I = intermediate, V = vocab, D = head dim.
+The fused step always uses fused q/k/v and gate/up weights (built once at load). A sparse (MoE)
+layer runs ``_moe_layer``: the same attention, then the MLP norm and the layer's ``moe.Moe`` with
+the residual add; which of the two each layer runs is chosen once, at load. It knows nothing
+about prefill, scheduling or sampling.
+Shapes: B = rows (a bucket), H = hidden, I = intermediate, V = vocab, D = head dim.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +31,7 @@ from typing import Any
 import torch
 
 from . import layers as L
+from .capture import batch_buckets, capture
 from .fused_ops import RopeFn, Shape, TorchOps, TritonOps
 from .kvcache import StaticCache
 
@@ -67,17 +50,6 @@ def triton_usable(device: torch.device) -> bool:
 def pdl_usable(device: torch.device) -> bool:
     """Whether ``device`` takes programmatic dependent launches: CUDA, compute capability 9 or later."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def batch_buckets(max_batch: int, policy: str) -> list[int]:
-    """The batch sizes to prepare, largest first (a shared graph pool is reused downwards)."""
-    if policy == "max":
-        return [max_batch]
-    sizes, b = {max_batch}, 1
-    while b < max_batch:
-        sizes.add(b)
-        b *= 2
-    return sorted(sizes, reverse=True)
 
 
 @dataclass
@@ -259,15 +231,9 @@ class FusedDecoder:
                 if not self.capture:
                     self.step(cache, g.slots, g.tokens)  # compile / JIT now, not on the first decode
                 else:
-                    stream = torch.cuda.Stream(self.device)
-                    stream.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(stream):
-                        for _ in range(2):  # compile, JIT and warm the allocator outside the graph
-                            self.step(cache, g.slots, g.tokens)
-                    torch.cuda.current_stream(self.device).wait_stream(stream)
-                    g.graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g.graph, pool=pool):
-                        g.logits = self.step(cache, g.slots, g.tokens)
+                    g.graph, g.logits = capture(
+                        functools.partial(self.step, cache, g.slots, g.tokens), self.device, pool
+                    )
             cache.captured[bucket] = g
 
     @torch.no_grad()

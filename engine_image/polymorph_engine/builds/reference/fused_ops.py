@@ -3,7 +3,7 @@
 - ``TorchOps``: the reference twins, the reference build's own layer functions in graph-safe
   shapes (also what ``kernels = "compile"`` compiles).
 - ``TritonOps``: kernels.py, gemv_kernels.py (for up to ``GEMV_MAX_ROWS`` rows, cuBLAS above) and
-  attention_kernels.py; ``gemv``, ``pdl`` and ``residual`` as fused.py says.
+  attention_kernels.py; ``gemv``, ``pdl`` and ``residual`` as build.toml says.
 
 Each method of ``TritonOps`` computes what the ``TorchOps`` method of the same name computes;
 ``tests/engine_builds/test_fast_knobs.py`` compares them. It knows nothing about layers' order,

@@ -1,48 +1,23 @@
 """Entry module of the reference build: ``load(model, knobs) -> ReferenceHotPath``.
 
-Plain PyTorch. With default knobs every step is the obvious one (separate projections, explicit
-softmax attention with a mask, a cache grown by concatenation, logits copied to the host for the
-argmax), and it produces the golden outputs every other build is verified against. Every other
-knob value computes the same function faster on some device (see build.toml):
-
-- ``kv_cache``: ``concat`` | ``static`` (see kvcache.py).
-- ``fused_qkv``, ``fused_gate_up``: one matmul per fused group (see layers.py).
-- ``attention``: ``manual`` | ``sdpa`` (``F.scaled_dot_product_attention``).
-- ``decode_capture``: ``none`` | ``cuda_graph`` | ``compile``. Capture needs fixed shapes, so it
-  applies to the static cache only; with ``concat`` both degrade to ``none``, and ``cuda_graph``
-  also degrades to ``none`` on a non-CUDA device. A captured step always attends over the whole
-  ``max_seq_len`` and runs a fixed batch bucket (powers of two up to ``max_batch``, plus
-  ``max_batch``), padding unused rows with the cache's scratch slot. Graphs are captured, and
-  compiled steps warmed up, once per (hot path, cache, bucket) in ``new_cache``: that is the
-  prepare step, never a decode step. ``compile`` uses ``torch.compile(dynamic=False)`` with the
-  default inductor mode: max-autotune would multiply prepare time per bucket, and
-  ``reduce-overhead`` would add CUDA graphs, which is the other knob value's job.
-- ``sampling``: ``host`` (copy logits to the CPU, argmax there: one sync per step) | ``device``.
-- ``decode_step``: ``layered`` (the steps above) | ``fused`` (fused.py: a static-cache step of a
-  few fused operations per layer, captured whole as one CUDA graph per bucket; it supersedes
-  ``decode_capture``). ``kernels`` (``torch`` | ``triton`` | ``compile``) picks what runs it and
-  ``capture_buckets`` (``pow2`` | ``max``) which batch buckets it prepares; both require it.
-  ``gemv`` (``cublas`` | ``triton``) picks the projections of the triton kernels (the Triton
-  GEMV's tile is tuned per shape in prepare), ``pdl`` whether they launch as programmatic
-  dependents, and ``residual`` (``projection`` | ``norm``) where the residual adds happen.
-- ``moe_routing`` (``plain`` | ``fused``) and ``moe_experts`` (``loop`` | ``gather`` | ``grouped``
-  | ``triton``): how a Mixture-of-Experts model's sparse layers route and run their experts (see
-  moe.py); each layer's MLP or MoE block is chosen once at load, and a dense model ignores both.
-- ``prefill``: ``exact`` (the prompt at its own length, op by op) | ``bucketed`` (static cache
-  only): the prompt padded at the end to a power-of-two length bucket (``prefill_bucket``) and
-  run with the same layer functions, causal, so the padding cannot change the prompt's
-  positions. On CUDA each bucket is one CUDA graph per cache, captured at the bucket's first
-  prompt (not in ``new_cache``: a cache sees few of its buckets); its static inputs are the
-  padded tokens, the slot and the last position as device tensors, so one graph serves every
-  slot and length of its bucket. An exact prefill is host-bound on an H200 (~1.25 ms of
-  Python and launches per layer), so its graph is worth the padded maths.
+The hot path over the model's layers (layers.py) and a KV cache (kvcache.py): exact prefill and
+the layered decode step, and the variants chosen once, at load, from the knobs: the fused step
+(fused.py), captured decode steps and bucketed prefill (captured with capture.py). With the
+default knobs every step is the obvious one, and it produces the golden outputs every other build
+is verified against. What each knob does, its default and what it requires are in build.toml,
+read by ``knob_values``; nothing here repeats them.
 
 With ``attention = "sdpa"`` on CUDA, prefill and eager decode run under ``sdpa_kernel`` without
 the cuDNN backend: cuDNN builds an execution plan per new shape (every prompt length, every
 attended length of an eager decode), which measured 3x slower than manual attention on an H200.
 Captured decode steps have one shape per bucket, so they keep cuDNN, which was 2-3x faster there
 than the alternatives for masked GQA attention. The context manager restores the global flags on
-exit, so nothing leaks out of the build.
+exit, so nothing leaks out of the build. ``decode_capture = "compile"`` uses the default inductor
+mode: max-autotune would multiply prepare time per bucket, and ``reduce-overhead`` would add CUDA
+graphs, which is the other knob value's job. A bucketed prefill's graph is captured at its
+bucket's first prompt (a cache sees few of its buckets), its static inputs the padded tokens, the
+slot and the last position as device tensors, so one graph serves every slot and length of its
+bucket: an exact prefill is host-bound on an H200 (~1.25 ms of Python and launches per layer).
 
 No module-level mutable state: everything derived from the model lives on the hot path object
 and is dropped by ``close()``.
@@ -53,16 +28,21 @@ Shapes: S = prompt length, B = batch rows, V = vocab size, H = hidden size, D = 
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from polymorph.contract.builds import read_build, resolve_knobs
 from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin, rope_inv_freq
 
 from . import layers as L
+from .capture import batch_buckets, capture
 from .fused import FusedDecoder, triton_usable
 from .kvcache import ConcatCache, StaticCache
 
@@ -100,43 +80,33 @@ def prefill_bucket(seq: int, max_seq_len: int) -> int | None:
     return bucket if bucket <= max_seq_len else None
 
 
-def _buckets(max_batch: int) -> list[int]:
-    sizes, b = {max_batch}, 1
-    while b < max_batch:
-        sizes.add(b)
-        b *= 2
-    return sorted(sizes)
-
-
 class ReferenceHotPath:
     def __init__(self, model: LoadedModel, knobs: dict[str, Any]) -> None:
+        knobs = knob_values(knobs)
         c = model.config
         self.config, self.device, self.dtype = c, model.device, model.dtype
-        self.kv_cache = str(knobs.get("kv_cache", "concat"))
-        self.attention = str(knobs.get("attention", "manual"))
-        self.sampling = str(knobs.get("sampling", "host"))
-        capture = str(knobs.get("decode_capture", "none"))
-        if self.kv_cache != "static" or (capture == "cuda_graph" and self.device.type != "cuda"):
-            capture = "none"  # documented degradation: capture needs fixed shapes (and CUDA for graphs)
+        self.kv_cache, self.attention, self.sampling = (
+            knobs["kv_cache"],
+            knobs["attention"],
+            knobs["sampling"],
+        )
+        self.prefill_mode = knobs["prefill"]
+        # Device rules (build.toml's requires rules are applied by knob_values): cuda_graph needs
+        # CUDA, and the fused step captures itself, superseding decode_capture.
+        capture = knobs["decode_capture"]
+        if (capture == "cuda_graph" and self.device.type != "cuda") or knobs["decode_step"] == "fused":
+            capture = "none"
         self.capture = capture
-        self.fused: FusedDecoder | None = None
-        if str(knobs.get("decode_step", "layered")) == "fused" and self.kv_cache == "static":
-            self.capture = "none"  # the fused step captures itself: one graph per bucket, all layers
-        self.prefill_mode = str(knobs.get("prefill", "exact")) if self.kv_cache == "static" else "exact"
         self._prefilled: weakref.WeakSet[StaticCache] = weakref.WeakSet()  # caches holding prefills
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        moe_routing, moe_experts = (
-            str(knobs.get("moe_routing", "plain")),
-            str(knobs.get("moe_experts", "loop")),
-        )
         self.layers = L.prepare_layers(
             model.weights,
             c.num_hidden_layers,
-            fused_qkv=bool(knobs.get("fused_qkv", False)),
-            fused_gate_up=bool(knobs.get("fused_gate_up", False)),
+            fused_qkv=knobs["fused_qkv"],
+            fused_gate_up=knobs["fused_gate_up"],
             config=c,
-            moe_routing=moe_routing,
-            moe_experts=moe_experts,
+            moe_routing=knobs["moe_routing"],
+            moe_experts=knobs["moe_experts"],
             triton_ok=triton_usable(self.device),
         )
         self.embed = model.weights["model.embed_tokens.weight"]  # [V, H]
@@ -144,21 +114,22 @@ class ReferenceHotPath:
         self.lm_head = self.embed if c.tie_word_embeddings else model.weights["lm_head.weight"]  # [V, H]
         self.inv_freq = rope_inv_freq(c, self.device)  # [D/2] float32
         self._attend = L.attention_sdpa if self.attention == "sdpa" else L.attention_manual
-        if str(knobs.get("decode_step", "layered")) == "fused" and self.kv_cache == "static":
+        self.fused: FusedDecoder | None = None
+        if knobs["decode_step"] == "fused":
             self.fused = FusedDecoder(
                 model.weights,
                 c,
                 self.inv_freq,
                 rope_cos_sin,
-                kernels=str(knobs.get("kernels", "torch")),
+                kernels=knobs["kernels"],
                 attention=self.attention,
-                buckets=str(knobs.get("capture_buckets", "pow2")),
+                buckets=knobs["capture_buckets"],
                 device=self.device,
-                gemv=str(knobs.get("gemv", "cublas")),
-                pdl=bool(knobs.get("pdl", False)),
-                residual=str(knobs.get("residual", "projection")),
-                moe_routing=moe_routing,
-                moe_experts=moe_experts,
+                gemv=knobs["gemv"],
+                pdl=knobs["pdl"],
+                residual=knobs["residual"],
+                moe_routing=knobs["moe_routing"],
+                moe_experts=knobs["moe_experts"],
             )
         self._compiled = (
             torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None
@@ -343,15 +314,11 @@ class ReferenceHotPath:
             graphs = [c.graph for c in cache.prefills.values() if isinstance(c, CapturedPrefill)]
             pool = graphs[0].pool() if graphs else None  # one pool for all of the cache's prefills
             with self._kernels():
-                stream = torch.cuda.Stream(self.device)
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    for _ in range(2):  # warm up kernels and allocator outside the graph
-                        self._prefill_padded(cache, cap.tokens, cap.slot, cap.last)
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                cap.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(cap.graph, pool=pool):
-                    cap.logits = self._prefill_padded(cache, cap.tokens, cap.slot, cap.last)
+                cap.graph, cap.logits = capture(
+                    functools.partial(self._prefill_padded, cache, cap.tokens, cap.slot, cap.last),
+                    self.device,
+                    pool,
+                )
         cache.prefills[bucket] = cap
         self._prefilled.add(cache)
         return cap
@@ -393,7 +360,7 @@ class ReferenceHotPath:
 
     def _prepare_captures(self, cache: StaticCache) -> None:
         pool = torch.cuda.graph_pool_handle() if self.capture == "cuda_graph" else None
-        for bucket in sorted(_buckets(cache.max_batch), reverse=True):  # largest first: the pool is reused
+        for bucket in batch_buckets(cache.max_batch):  # largest first: the pool is reused
             cap = Captured(
                 slots=torch.full((bucket,), cache.scratch, dtype=torch.int64, device=self.device),
                 tokens=torch.zeros(bucket, dtype=torch.int64, device=self.device),
@@ -403,15 +370,11 @@ class ReferenceHotPath:
                     assert self._compiled is not None
                     self._compiled(cache, cap.slots, cap.tokens)  # compile now, not on the first decode
                 else:
-                    stream = torch.cuda.Stream(self.device)
-                    stream.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(stream):
-                        for _ in range(2):  # warm up kernels and allocator outside the graph
-                            self._static_step_full(cache, cap.slots, cap.tokens)
-                    torch.cuda.current_stream(self.device).wait_stream(stream)
-                    cap.graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(cap.graph, pool=pool):
-                        cap.logits = self._static_step_full(cache, cap.slots, cap.tokens)
+                    cap.graph, cap.logits = capture(
+                        functools.partial(self._static_step_full, cache, cap.slots, cap.tokens),
+                        self.device,
+                        pool,
+                    )
             cache.captured[bucket] = cap
         # Warm-up wrote only into the scratch slot; reset its length anyway.
         cache.lengths[cache.scratch] = 0
@@ -431,6 +394,23 @@ class ReferenceHotPath:
             return cap.logits[:b].clone()  # the graph overwrites its output on the next replay
         assert self._compiled is not None
         return self._compiled(cache, cap.slots, cap.tokens)[:b]
+
+
+def knob_values(knobs: Mapping[str, object]) -> dict[str, Any]:
+    """Every knob's value as this build runs it: ``knobs`` over build.toml's defaults, then each
+    knob whose ``requires`` are not met set back to its default, until nothing changes (so
+    ``prefill = "bucketed"`` with ``kv_cache = "concat"`` runs exact, and ``kernels`` is the
+    default unless the fused step runs). build.toml is the one place knobs are declared."""
+    spec = read_build(Path(__file__).parent)
+    values: dict[str, Any] = resolve_knobs(spec, knobs)
+    changed = True
+    while changed:
+        changed = False
+        for name, knob in spec.knobs.items():
+            unmet = any(values[other] != value for other, value in knob.requires.items())
+            if unmet and values[name] != knob.default:
+                values[name], changed = knob.default, True
+    return values
 
 
 def load(model: LoadedModel, knobs: dict[str, Any]) -> ReferenceHotPath:

@@ -31,7 +31,31 @@ def _check_slot(slot: int, max_batch: int) -> None:
         raise ValueError(f"slot {slot} is out of range: this cache has slots 0..{max_batch - 1}")
 
 
-class ConcatCache:
+class _Slots:
+    """What both caches check on the host: slot bounds, emptiness and capacity."""
+
+    max_batch: int
+    max_seq_len: int
+    host_lengths: list[int]
+
+    def begin_prefill(self, slot: int, seq: int) -> None:
+        _check_slot(slot, self.max_batch)
+        if self.host_lengths[slot]:
+            raise ValueError(f"slot {slot} is not empty; free it before prefilling it again")
+        if not 0 < seq <= self.max_seq_len:
+            raise CacheFullError(f"a prompt of {seq} tokens does not fit: max_seq_len is {self.max_seq_len}")
+
+    def check_slots(self, slots: list[int]) -> None:
+        """Each of ``slots`` in range, prefilled and not full: it can take one more position."""
+        for s in slots:
+            _check_slot(s, self.max_batch)
+            if self.host_lengths[s] == 0:
+                raise ValueError(f"slot {s} is empty; prefill it before decoding")
+            if self.host_lengths[s] >= self.max_seq_len:
+                raise CacheFullError(f"slot {s} is full: max_seq_len is {self.max_seq_len}")
+
+
+class ConcatCache(_Slots):
     def __init__(self, num_layers: int, max_batch: int, max_seq_len: int, device: torch.device) -> None:
         self.num_layers, self.max_batch, self.max_seq_len, self.device = (
             num_layers,
@@ -43,13 +67,6 @@ class ConcatCache:
         self.v: list[list[torch.Tensor]] = [[] for _ in range(max_batch)]
         self.host_lengths = [0] * max_batch
 
-    def begin_prefill(self, slot: int, seq: int) -> None:
-        _check_slot(slot, self.max_batch)
-        if self.host_lengths[slot]:
-            raise ValueError(f"slot {slot} is not empty; free it before prefilling it again")
-        if not 0 < seq <= self.max_seq_len:
-            raise CacheFullError(f"a prompt of {seq} tokens does not fit: max_seq_len is {self.max_seq_len}")
-
     def store_prefill(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [1, nkv, S, D] for a fresh slot."""
         self.k[slot].append(k[0])
@@ -60,12 +77,7 @@ class ConcatCache:
 
     def begin_decode(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [B] of the new tokens and the attention mask [B, 1, 1, L]."""
-        for s in slots:
-            _check_slot(s, self.max_batch)
-            if self.host_lengths[s] == 0:
-                raise ValueError(f"slot {s} is empty; prefill it before decoding")
-            if self.host_lengths[s] >= self.max_seq_len:
-                raise CacheFullError(f"slot {s} is full: max_seq_len is {self.max_seq_len}")
+        self.check_slots(slots)
         lengths = [self.host_lengths[s] for s in slots]
         positions = torch.tensor(lengths, dtype=torch.int64, device=self.device)
         attend = torch.arange(max(lengths) + 1, device=self.device)  # [L]
@@ -98,7 +110,7 @@ class ConcatCache:
         self.host_lengths[slot] = 0
 
 
-class StaticCache:
+class StaticCache(_Slots):
     def __init__(
         self,
         num_layers: int,
@@ -125,13 +137,6 @@ class StaticCache:
         self.captured: dict[int, object] = {}  # batch bucket -> captured decode step (see hotpath)
         self.prefills: dict[int, object] = {}  # prompt-length bucket -> bucketed prefill (see hotpath)
 
-    def begin_prefill(self, slot: int, seq: int) -> None:
-        _check_slot(slot, self.max_batch)
-        if self.host_lengths[slot]:
-            raise ValueError(f"slot {slot} is not empty; free it before prefilling it again")
-        if not 0 < seq <= self.max_seq_len:
-            raise CacheFullError(f"a prompt of {seq} tokens does not fit: max_seq_len is {self.max_seq_len}")
-
     def store_prefill(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [1, nkv, S, D] for a fresh slot."""
         seq = k.shape[2]
@@ -151,12 +156,7 @@ class StaticCache:
 
     def check_decode(self, slots: list[int]) -> int:
         """Validate ``slots``; returns the attended length L (longest row after this step)."""
-        for s in slots:
-            _check_slot(s, self.max_batch)
-            if self.host_lengths[s] == 0:
-                raise ValueError(f"slot {s} is empty; prefill it before decoding")
-            if self.host_lengths[s] >= self.max_seq_len:
-                raise CacheFullError(f"slot {s} is full: max_seq_len is {self.max_seq_len}")
+        self.check_slots(slots)
         return max(self.host_lengths[s] for s in slots) + 1
 
     @staticmethod

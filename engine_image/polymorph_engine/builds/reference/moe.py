@@ -2,32 +2,13 @@
 the selected experts' SwiGLU, weighted and summed.
 
 ``Moe`` is built once per sparse layer at load (``layers.prepare_layers``) and called as
-``moe(h)``: h [..., H] -> [..., H]. Two knobs pick how it computes:
-
-- ``moe_routing``: ``plain`` (the reference: a float32 softmax over all E router logits, the top
-  k, renormalised to sum to 1 where the config asks) | ``fused`` (the top k of the logits, then a
-  softmax over those k alone when renormalised, or exp(logit - logsumexp(all logits)) when not:
-  the same weights with no [T, E] probability tensor and no division).
-- ``moe_experts``:
-  - ``loop`` (the reference): each selected expert in turn over the rows that chose it, the set
-    read on the host (one sync per sparse layer). A step that cannot sync (being captured into
-    a CUDA graph, or traced by torch.compile) runs every expert over every row, weighted by its
-    routing weight, which is zero where it was not selected: the same function, with static
-    shapes and E/k times the work.
-  - ``gather``: gpt-fast's MoE: the experts stacked (w13 [E, 2I, H], w2 [E, H, I]), each row's
-    selected experts' weights indexed out and applied with einsum; static shapes, no sync. It
-    reads B*k expert matrices (duplicates included): at batch 1, a GEMV over the selected experts
-    alone. Rows run ``GATHER_ROWS`` at a time, bounding the gathered copy in a prompt.
-  - ``grouped``: the (row, expert) pairs sorted by expert and two grouped GEMMs over the stacks
-    (``torch._grouped_mm``, with per-expert offsets computed on the device): each selected
-    expert's weights read once however many rows chose it; static shapes, no sync. Where
-    ``torch._grouped_mm`` cannot run (an older torch, a dtype or layout it refuses; probed at
-    load), and under torch.compile in a dtype other than bfloat16 (its traced ``_grouped_mm``
-    takes bfloat16 alone), it computes as ``gather``.
-  - ``triton``: moe_kernels.py, vLLM fused_moe's approach: the pairs sorted by expert and padded
-    to blocks, one launch for all experts' gate/up projection with SiLU-and-multiply fused, one
-    for the down projection with the routing weight fused; the combine is one sum. CUDA (or the
-    triton interpreter) only; elsewhere it computes as ``grouped``.
+``moe(h)``: h [..., H] -> [..., H]. The ``moe_routing`` and ``moe_experts`` knobs (build.toml
+says what each value computes) pick its routing and its experts' implementation once, at load,
+with the degradations build.toml names. ``loop`` reads the selected set on the host; a step that
+cannot sync (captured into a CUDA graph, or traced by torch.compile) runs every expert over
+every row weighted by its routing weight, zero where not selected: the same function with
+static shapes. ``gather`` runs ``GATHER_ROWS`` rows at a time, bounding the gathered copy in a
+prompt; ``grouped`` probes ``torch._grouped_mm`` at load.
 
 The stacks are the loader's packed expert tensors (``expert_stacks``): no copy of the experts.
 Nothing here knows about caches, attention or scheduling.
