@@ -11,10 +11,11 @@ import pytest
 import torch
 from test_fast_knobs import _assert_agrees, run_scenario  # a sibling test module (rootdir imports)
 
+from engine_support.builds import forward
 from polymorph.contract.builds import REFERENCE_BUILD, read_build
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
-from polymorph_engine.runtime.model import LoadedModel, forward
+from polymorph_engine.runtime.model import LoadedModel
 
 MOE_SHAPES = ["qwen3-moe-tiny", "mixtral-tiny"]
 STATIC = {"kv_cache": "static", "fused_qkv": True, "attention": "sdpa", "sampling": "device"}

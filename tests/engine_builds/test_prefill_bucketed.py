@@ -180,14 +180,17 @@ def test_close_releases_the_prefills_of_live_caches(model: LoadedModel) -> None:
     assert run.cache.prefills == {}
 
 
-PADDED = "x = self._layer_out(lw, x, self._attend(q, k, v, None))  # causal: the padding comes last"
+PADDED = "mask = None  # causal: the padding comes last"
 
 
 @pytest.mark.parametrize(
     ("old", "new"),
     [
         ("cap.last.fill_(seq - 1)", "cap.last.fill_(cap.tokens.shape[0] - 1)"),  # logits of the padding
-        (PADDED, PADDED.replace("None", "torch.ones(1, 1, p, p, dtype=torch.bool)")),  # attends to it
+        (
+            PADDED,
+            PADDED.replace("None", "torch.ones(1, 1, p, p, dtype=torch.bool, device=self.device)"),
+        ),  # attends to it
     ],
     ids=["last-position", "not-causal"],
 )

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_support.builds import forward
 from polymorph_engine.runtime.checkpoint import load_model, weight_shapes
 from polymorph_engine.runtime.config import SHAPES
-from polymorph_engine.runtime.model import forward
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))

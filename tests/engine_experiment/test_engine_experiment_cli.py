@@ -26,7 +26,8 @@ def test_json_lines_for_dirs_store_ids_and_knob_variants_in_one_engine(
     wrong = patched_build(
         tmp_path / "no-norm",
         "no-norm",
-        [("h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)", "h = x")],
+        [("h = rms_norm(x, lw.mlp_norm, self.eps)", "h = x")],
+        file="model.py",
     )
     # A build that prints from the worker: its chatter must go to stderr, never into --json stdout.
     chatty = wrapping_build(

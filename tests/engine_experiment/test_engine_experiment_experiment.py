@@ -67,7 +67,8 @@ def test_a_wrong_build_is_rejected_without_a_benchmark(runner: InProcessRunner, 
     wrong = patched_build(
         tmp_path / "no-norm",
         "no-norm",
-        [("h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)", "h = x")],
+        [("h = rms_norm(x, lw.mlp_norm, self.eps)", "h = x")],
+        file="model.py",
     )
     record = runner.run(wrong)
     assert record.status == "rejected" and record.figures is None

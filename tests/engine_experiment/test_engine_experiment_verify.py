@@ -69,21 +69,26 @@ def test_correct_knob_variants_pass(model: LoadedModel, reference: Golden, knobs
 
 
 # Wrong builds: small patches of the reference, each a bug class that must never ship.
-WRONG: dict[str, list[tuple[str, str]]] = {
+WRONG: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    # name -> (the reference build's file, its patches)
     # RoPE positions off by one in decode only: prefill is right, every decode step is wrong.
-    "rope-off-by-one": [
-        ("cos, sin = self._rope(positions[:, None])", "cos, sin = self._rope(positions[:, None] + 1)")
-    ],
+    "rope-off-by-one": (
+        "hotpath.py",
+        [("positions[:, None], mask, kv)", "positions[:, None] + 1, mask, kv)")],
+    ),
     # The MLP's RMSNorm is skipped.
-    "missing-norm": [("h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)", "h = x")],
+    "missing-norm": ("model.py", [("h = rms_norm(x, lw.mlp_norm, self.eps)", "h = x")]),
     # Logits perturbed by noise of 5% of their scale.
-    "noise": [
-        (
-            "return (L.rms_norm(x, self.final_norm, self.config.rms_norm_eps) @ self.lm_head.T).float()",
-            "logits = (L.rms_norm(x, self.final_norm, self.config.rms_norm_eps) @ self.lm_head.T).float()\n"
-            "        return logits + 0.05 * logits.abs().amax(-1, keepdim=True) * torch.randn_like(logits)",
-        )
-    ],
+    "noise": (
+        "model.py",
+        [
+            (
+                "return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T).float()",
+                "logits = (rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T).float()\n"
+                "        return logits + 0.05 * logits.abs().amax(-1, keepdim=True) * torch.randn_like(logits)",
+            )
+        ],
+    ),
 }
 
 
@@ -91,7 +96,7 @@ WRONG: dict[str, list[tuple[str, str]]] = {
 def test_wrong_builds_are_rejected_with_the_measured_values(
     model: LoadedModel, reference: Golden, tmp_path: Path, name: str
 ) -> None:
-    build = patched_build(tmp_path / name, name, WRONG[name])
+    build = patched_build(tmp_path / name, name, WRONG[name][1], file=WRONG[name][0])
     result = _verify(model, build, reference)
     assert not result.passed
     assert result.finite
@@ -154,7 +159,9 @@ def test_wrong_builds_are_rejected_by_both_gates_on_the_demo_model(
     """``tiny`` is what ``polymorph compile`` and agents run by default: its gates must be sharp
     there too, with a margin, not only on the test model above."""
     demo_golden = golden(demo_model, default_prompts(demo_model.config.vocab_size), steps=16)
-    result = _verify(demo_model, patched_build(tmp_path / name, name, WRONG[name]), demo_golden)
+    result = _verify(
+        demo_model, patched_build(tmp_path / name, name, WRONG[name][1], file=WRONG[name][0]), demo_golden
+    )
     assert not result.passed
     assert result.tokenAgreement < GATES.tokenAgreement, result
     assert result.logitError > 2 * GATES.logitTolerance, result

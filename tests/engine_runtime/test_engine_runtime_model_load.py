@@ -12,10 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from engine_support.builds import forward
 from polymorph.contract.errors import UsageError
 from polymorph_engine.runtime.checkpoint import load_model, save_checkpoint, weight_shapes
 from polymorph_engine.runtime.config import SHAPES, ModelConfig
-from polymorph_engine.runtime.model import forward, rope_inv_freq
+from polymorph_engine.runtime.model import rope_inv_freq
 from polymorph_engine.runtime.tokenizer import ByteTokenizer, HFTokenizer
 
 

@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine_support.builds import forward
 from polymorph.contract.builds import REFERENCE_BUILD, read_build
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
-from polymorph_engine.runtime.model import LoadedModel, forward
+from polymorph_engine.runtime.model import LoadedModel
 
 FAST = {
     "kv_cache": "static",
@@ -126,6 +127,7 @@ def test_every_knob_value_agrees_with_the_defaults(
 _COMPILE_CHECK = """
 import sys
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[2])
 from test_engine_runtime_model_reference import FAST, _assert_agrees, run_scenario
 from polymorph_engine.runtime.checkpoint import load_model
 
@@ -141,7 +143,7 @@ def test_compiled_decode_agrees_with_the_defaults() -> None:
     # child process: dynamo and inductor keep process-wide caches (fake tensors among them) that
     # would otherwise outlive this test and skew other tests' memory accounting.
     result = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK, str(Path(__file__).parent)],
+        [sys.executable, "-c", _COMPILE_CHECK, str(Path(__file__).parent), str(Path(__file__).parents[1])],
         capture_output=True,
         text=True,
         timeout=600,

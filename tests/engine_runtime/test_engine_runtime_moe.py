@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine_support.builds import forward
 from polymorph.contract.errors import UsageError
 from polymorph_engine.runtime.checkpoint import expert_stacks, load_model, save_checkpoint, weight_shapes
 from polymorph_engine.runtime.config import SHAPES, ModelConfig
-from polymorph_engine.runtime.model import LoadedModel, forward, moe_names
+from polymorph_engine.runtime.model import LoadedModel, moe_names
 
 MOE_SHAPES = ["qwen3-moe-tiny", "mixtral-tiny"]
 

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine_support.builds import sensitive_model
+from engine_support.builds import forward, sensitive_model
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.loader import load_hotpath
-from polymorph_engine.runtime.model import LoadedModel, forward
+from polymorph_engine.runtime.model import LoadedModel
 from polymorph_engine.runtime.scheduler import Request, Scheduler
 
 

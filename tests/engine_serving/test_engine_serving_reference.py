@@ -14,11 +14,12 @@ import httpx
 import pytest
 import torch
 
+from engine_support.builds import forward
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.store import build_id
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
-from polymorph_engine.runtime.model import LoadedModel, forward
+from polymorph_engine.runtime.model import LoadedModel
 from polymorph_engine.serving.metrics import ServerMetrics
 from polymorph_engine.serving.server import EngineServer, make_server
 from polymorph_engine.serving.service import CompletionService

@@ -7,8 +7,11 @@ replacement ``load`` appended to the entry module that wraps one hot-path method
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
+import sys
+import types
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +21,7 @@ import torch
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph_engine.runtime.checkpoint import save_checkpoint, weight_shapes
 from polymorph_engine.runtime.config import SHAPES
+from polymorph_engine.runtime.loader import import_build
 from polymorph_engine.runtime.model import LoadedModel
 from polymorph_engine.runtime.tokenizer import ByteTokenizer
 
@@ -104,3 +108,17 @@ CRASHES: dict[str, tuple[str, str]] = {
     "hangs": ("decode", "        import time\n        time.sleep(3600)"),
     "nan": ("decode", "        return original(*args) * float('nan')"),
 }
+
+
+@functools.cache
+def _reference_model() -> types.ModuleType:
+    """The reference build's model.py, imported once for the test session (it stays registered)."""
+    entry = import_build(REFERENCE_BUILD)
+    return sys.modules[f"{entry.__package__}.model"]
+
+
+def forward(model: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [S, V] of the reference model (builds/reference/model.py, the code of the golden
+    outputs) for every position of ``tokens`` [S], with no cache."""
+    logits: torch.Tensor = _reference_model().forward(model, tokens)
+    return logits

@@ -39,9 +39,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from polymorph.contract.builds import read_build, resolve_knobs
-from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin, rope_inv_freq
+from polymorph_engine.runtime.model import LoadedModel, rope_cos_sin
 
 from . import layers as L
+from . import model as M
 from .capture import batch_buckets, capture
 from .fused import FusedDecoder, triton_usable
 from .kvcache import ConcatCache, StaticCache
@@ -109,17 +110,18 @@ class ReferenceHotPath:
             moe_experts=knobs["moe_experts"],
             triton_ok=triton_usable(self.device),
         )
-        self.embed = model.weights["model.embed_tokens.weight"]  # [V, H]
-        self.final_norm = model.weights["model.norm.weight"]
-        self.lm_head = self.embed if c.tie_word_embeddings else model.weights["lm_head.weight"]  # [V, H]
-        self.inv_freq = rope_inv_freq(c, self.device)  # [D/2] float32
-        self._attend = L.attention_sdpa if self.attention == "sdpa" else L.attention_manual
+        # model.py's network over these layers; the variants the knobs choose replace its parts.
+        self.net: M.Transformer = M.Transformer(model, self.layers)
+        if knobs["fused_qkv"]:
+            self.net.project = L.project_qkv_fused
+        if self.attention == "sdpa":
+            self.net.attend = L.attention_sdpa
         self.fused: FusedDecoder | None = None
         if knobs["decode_step"] == "fused":
             self.fused = FusedDecoder(
                 model.weights,
                 c,
-                self.inv_freq,
+                self.net.inv_freq,
                 rope_cos_sin,
                 kernels=knobs["kernels"],
                 attention=self.attention,
@@ -139,37 +141,6 @@ class ReferenceHotPath:
         if self.attention == "sdpa" and self.device.type == "cuda":
             return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
         return contextlib.nullcontext()
-
-    # --- the network, over whatever cache the caller hands in ---
-
-    def _layer_qkv(
-        self, lw: L.LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, T, H] -> q [B, nh, T, D], k, v [B, nkv, T, D] (normed, rotated)."""
-        h = L.rms_norm(x, lw.attn_norm, self.config.rms_norm_eps)
-        q, k, v = L.project_qkv(lw, h, self.nh, self.nkv, self.d)
-        if lw.q_norm is not None and lw.k_norm is not None:
-            q = L.rms_norm(q, lw.q_norm, self.config.rms_norm_eps)
-            k = L.rms_norm(k, lw.k_norm, self.config.rms_norm_eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        return L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin), v
-
-    def _layer_out(self, lw: L.LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual adds of attention output attn [B, nh, T, D] and the MLP; returns x [B, T, H]."""
-        b, _, t, _ = attn.shape
-        attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.d)
-        x = x + torch.nn.functional.linear(attn, lw.o_proj, lw.o_bias)
-        h = L.rms_norm(x, lw.mlp_norm, self.config.rms_norm_eps)
-        return x + lw.ffn(lw, h)  # the dense MLP or the MoE block, chosen per layer at load
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, H] -> float32 logits [B, V]."""
-        return (L.rms_norm(x, self.final_norm, self.config.rms_norm_eps) @ self.lm_head.T).float()
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] -> cos, sin [B, 1, T, D]."""
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
 
     # --- HotPath protocol ---
 
@@ -199,16 +170,16 @@ class ReferenceHotPath:
             if bucket is not None:
                 return self._prefill_bucketed(cache, slot, tokens, bucket)
         cache.begin_prefill(slot, seq)
-        tokens = tokens.to(self.device)
-        x = self.embed[tokens][None]  # [1, S, H]
-        cos, sin = self._rope(torch.arange(seq, device=self.device)[None])
+        tokens = tokens.to(self.device)[None]  # [1, S]
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cache.store_prefill(i, slot, k, v)
+            return k, v
+
         with self._kernels():
-            for i, lw in enumerate(self.layers):
-                q, k, v = self._layer_qkv(lw, x, cos, sin)
-                cache.store_prefill(i, slot, k, v)
-                x = self._layer_out(lw, x, self._attend(q, k, v, None))  # causal over the prompt itself
+            x = self.net.forward(tokens, torch.arange(seq, device=self.device)[None], None, kv)  # causal
         cache.end_prefill(slot, seq)
-        return self._logits(x[:, -1])[0]
+        return self.net.logits(x[:, -1])[0]
 
     @torch.no_grad()
     def decode(
@@ -256,8 +227,7 @@ class ReferenceHotPath:
         if self.fused is not None:
             self.fused.close()
             self.fused = None
-        for name in ("embed", "final_norm", "lm_head", "inv_freq"):
-            setattr(self, name, None)
+        self.net = None  # type: ignore[assignment]  # everything derived from the model goes with it
 
     # --- bucketed prefill ---
 
@@ -293,13 +263,14 @@ class ReferenceHotPath:
         slot, last [1] on the device -> float32 logits [V] of position ``last``; writes k, v of all
         P positions into rows [0, P) of the slot."""
         p = tokens.shape[0]
-        x = self.embed[tokens][None]  # [1, P, H]
-        cos, sin = self._rope(torch.arange(p, device=self.device)[None])
-        for i, lw in enumerate(self.layers):
-            q, k, v = self._layer_qkv(lw, x, cos, sin)
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             cache.store_prefill_rows(i, slot, k, v)
-            x = self._layer_out(lw, x, self._attend(q, k, v, None))  # causal: the padding comes last
-        return self._logits(x[0].index_select(0, last))[0]
+            return k, v
+
+        mask = None  # causal: the padding comes last
+        x = self.net.forward(tokens[None], torch.arange(p, device=self.device)[None], mask, kv)
+        return self.net.logits(x[0].index_select(0, last))[0]
 
     def _new_prefill(self, cache: StaticCache, bucket: int) -> CapturedPrefill:
         """The static inputs of ``bucket`` for ``cache``, and on CUDA its graph: two warm-up runs
@@ -327,14 +298,13 @@ class ReferenceHotPath:
 
     def _decode_concat(self, cache: ConcatCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
         positions, mask = cache.begin_decode(slots)  # [B], [B, 1, 1, L]
-        x = self.embed[tokens][:, None]  # [B, 1, H]
-        cos, sin = self._rope(positions[:, None])
-        for i, lw in enumerate(self.layers):
-            q, k, v = self._layer_qkv(lw, x, cos, sin)
-            keys, values = cache.decode_kv(i, slots, k, v)
-            x = self._layer_out(lw, x, self._attend(q, keys, values, mask))
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return cache.decode_kv(i, slots, k, v)
+
+        x = self.net.forward(tokens[:, None], positions[:, None], mask, kv)  # [B, 1, H]
         cache.end_decode(slots)
-        return self._logits(x[:, 0])
+        return self.net.logits(x[:, 0])
 
     def _static_step(
         self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor, attended: int
@@ -344,13 +314,12 @@ class ReferenceHotPath:
         Reads positions from ``cache.lengths`` on the device; does not advance them."""
         positions = cache.lengths[slots]  # [B]
         mask = cache.decode_mask(positions, attended)  # [B, 1, 1, L]
-        x = self.embed[tokens][:, None]  # [B, 1, H]
-        cos, sin = self._rope(positions[:, None])
-        for i, lw in enumerate(self.layers):
-            q, k, v = self._layer_qkv(lw, x, cos, sin)
-            keys, values = cache.decode_kv(i, slots, positions, attended, k, v)
-            x = self._layer_out(lw, x, self._attend(q, keys, values, mask))
-        return self._logits(x[:, 0])
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return cache.decode_kv(i, slots, positions, attended, k, v)
+
+        x = self.net.forward(tokens[:, None], positions[:, None], mask, kv)  # [B, 1, H]
+        return self.net.logits(x[:, 0])
 
     def _static_step_full(
         self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor

@@ -1,11 +1,11 @@
-"""Decoder layer pieces of the reference build: weights prepared once, then pure tensor functions.
+"""The layer variants of the reference build, layered on model.py's plain functions.
 
-``prepare_layers`` turns the model's HF-named weights into per-layer records, optionally fusing
-q/k/v and gate/up projections into one matrix each (``fused_qkv``, ``fused_gate_up`` knobs): one
-large matmul instead of several small ones. Fused matrices are new tensors owned by the hot path;
-unfused ones are views of the model's weights (no copy). A sparse (MoE) layer gets a ``moe.Moe``
-instead of gate/up/down matrices, and each layer's ``ffn`` is chosen here, once: ``mlp`` for a
-dense layer, ``moe_ffn`` for a sparse one, so the dense step has no per-step MoE branch.
+``prepare_layers`` builds per-layer records with model.py's field names (so ``model.Transformer``
+runs them), fusing q/k/v and gate/up into one matrix each where ``fused_qkv`` / ``fused_gate_up``
+ask (new tensors owned by the hot path; unfused ones are views of the model's weights), and gives
+a sparse layer a ``moe.Moe``. Each layer's ``ffn`` is chosen here, once: model.py's ``mlp``,
+``mlp_fused``, or ``moe_ffn``. ``project_qkv_fused`` and ``attention_sdpa`` replace model.py's
+``project_qkv`` and ``attention``; the fused step (fused.py) uses these records too.
 
 The functions know nothing about caches, slots or scheduling. Shapes: B = batch rows, T = new
 positions per row, L = attended positions, H = hidden size, D = head dim.
@@ -13,7 +13,6 @@ positions per row, L = attended positions, H = hidden size, D = head dim.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +21,23 @@ import torch.nn.functional as F
 
 from polymorph_engine.runtime.config import ModelConfig
 
+from .model import apply_rope, mlp, rms_norm, rotate_half
+from .model import attention as attention_manual
 from .moe import Moe
+
+__all__ = [
+    "LayerWeights",
+    "apply_rope",
+    "attention_manual",
+    "attention_sdpa",
+    "mlp",
+    "mlp_fused",
+    "moe_ffn",
+    "prepare_layers",
+    "project_qkv_fused",
+    "rms_norm",
+    "rotate_half",
+]
 
 
 @dataclass
@@ -76,7 +91,7 @@ def prepare_layers(
             down_proj=None if sparse else weights[f"{p}.mlp.down_proj.weight"],
             q_norm=weights.get(f"{a}.q_norm.weight"),
             k_norm=weights.get(f"{a}.k_norm.weight"),
-            ffn=moe_ffn if sparse else mlp,
+            ffn=moe_ffn if sparse else (mlp_fused if fused_gate_up else mlp),
         )
         q, k, v = (weights[f"{a}.{n}_proj.weight"] for n in "qkv")
         qb, kb, vb = (weights.get(f"{a}.{n}_proj.bias") for n in "qkv")
@@ -101,73 +116,30 @@ def prepare_layers(
     return layers
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in float32 and cast back before the weight (as HF does)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def project_qkv(
+def project_qkv_fused(
     lw: LayerWeights, h: torch.Tensor, nh: int, nkv: int, d: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h [B, T, H] -> q [B, T, nh, D], k [B, T, nkv, D], v [B, T, nkv, D]."""
+    """model.project_qkv as one matmul against the concatenated q/k/v weights."""
     b, t, _ = h.shape
-    if lw.qkv_proj is not None:
-        qkv = F.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, T, (nh+2*nkv)*D]
-        q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
-    else:
-        assert lw.q_proj is not None and lw.k_proj is not None and lw.v_proj is not None
-        q = F.linear(h, lw.q_proj, lw.q_bias)
-        k = F.linear(h, lw.k_proj, lw.k_bias)
-        v = F.linear(h, lw.v_proj, lw.v_bias)
+    assert lw.qkv_proj is not None
+    qkv = F.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, T, (nh+2*nkv)*D]
+    q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
     return q.reshape(b, t, nh, d), k.reshape(b, t, nkv, d), v.reshape(b, t, nkv, d)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, D]; cos, sin [B, 1, T, D]."""
-    return x * cos + rotate_half(x) * sin
-
-
-def attention_manual(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """Explicit softmax attention. q [B, nh, T, D]; k, v [B, nkv, L, D]; mask bool [B|1, 1, T, L]
-    (True = attend) or None for causal with T == L. Returns [B, nh, T, D]."""
-    nh, nkv, d = q.shape[1], k.shape[1], q.shape[-1]
-    k = k.repeat_interleave(nh // nkv, dim=1)  # [B, nh, L, D]
-    v = v.repeat_interleave(nh // nkv, dim=1)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # [B, nh, T, L]
-    if mask is None:
-        t = q.shape[2]
-        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return probs @ v
 
 
 def attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """Same contract as ``attention_manual`` through ``F.scaled_dot_product_attention``."""
+    """Same contract as model.py\'s ``attention`` through ``F.scaled_dot_product_attention``."""
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-def mlp(lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: down(silu(gate(h)) * up(h)); h [B, T, H] -> [B, T, H]."""
-    if lw.gate_up_proj is not None:
-        gate, up = F.linear(h, lw.gate_up_proj).chunk(2, dim=-1)
-    else:
-        assert lw.gate_proj is not None and lw.up_proj is not None
-        gate, up = F.linear(h, lw.gate_proj), F.linear(h, lw.up_proj)
-    assert lw.down_proj is not None
+def mlp_fused(lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    """model.mlp with one matmul against the concatenated gate/up weights."""
+    assert lw.gate_up_proj is not None and lw.down_proj is not None
+    gate, up = F.linear(h, lw.gate_up_proj).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, lw.down_proj)
 
 

@@ -24,6 +24,8 @@ from polymorph_engine.runtime.checkpoint import expert_stacks
 from polymorph_engine.runtime.config import ModelConfig
 from polymorph_engine.runtime.model import moe_names
 
+from . import model
+
 GATHER_ROWS = 16
 """Rows ``gather`` handles per einsum: the gathered weights are GATHER_ROWS * K expert matrices."""
 
@@ -93,37 +95,29 @@ class Moe:
 
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """flat [T, H] -> routing weights [T, K] (activation dtype) and chosen experts [T, K] (int64)."""
-        logits = F.linear(flat, self.router).float()  # [T, E]
         if self.routing == "fused":
+            logits = F.linear(flat, self.router).float()  # [T, E]
             top, chosen = logits.topk(self.k, dim=-1)
             if self.norm_topk:
                 top = torch.softmax(top, dim=-1)
             else:
                 top = (top - logits.logsumexp(dim=-1, keepdim=True)).exp()
             return top.to(flat.dtype), chosen
-        probs = torch.softmax(logits, dim=-1)
-        top, chosen = probs.topk(self.k, dim=-1)
-        if self.norm_topk:
-            top = top / top.sum(dim=-1, keepdim=True)
-        return top.to(flat.dtype), chosen
+        return model.route(flat, self.router, self.k, self.norm_topk)
 
     # --- experts ---
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        gate, up, down = self.experts[e]
-        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+        return model.expert(x, *self.experts[e])
 
     def _loop(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(flat)
         if _syncless():
+            out = torch.zeros_like(flat)
             for e in range(self.e):  # static shapes: every expert, zero weight where not chosen
                 w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)  # [T, 1]
                 out += self._expert(flat, e) * w
             return out
-        for e in sorted(set(chosen.flatten().tolist())):  # the host reads the selected set
-            rows, k = (chosen == e).nonzero(as_tuple=True)
-            out.index_add_(0, rows, self._expert(flat[rows], e) * weights[rows, k, None])
-        return out
+        return model.experts_loop(flat, weights, chosen, self.experts)
 
     def _gather(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         assert self.w13 is not None and self.w2 is not None
