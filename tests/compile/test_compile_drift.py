@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .hotpath import load as load_base
+from .reference.hotpath import load as load_base
 
 REPEAT = 2
 
@@ -84,7 +84,10 @@ description = "both: every decode step computed three times. single: only steps 
 
 
 def shape_tuned_build(folder: Path) -> Path:
-    shutil.copytree(REFERENCE_BUILD, folder, ignore=shutil.ignore_patterns("__pycache__", "build.toml"))
+    """The test build: its own build.toml (the one knob) and entry, the reference inside it as a
+    package with its own build.toml (which the reference reads its knobs from)."""
+    folder.mkdir()
+    shutil.copytree(REFERENCE_BUILD, folder / "reference", ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "build.toml").write_text(_TOML)
     (folder / "tuned.py").write_text(_ENTRY)
     return folder
