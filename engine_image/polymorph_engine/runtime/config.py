@@ -283,6 +283,25 @@ _LLAMA3_ROPE = RopeScaling(
     factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
 )
 
+# Qwen3 flavour: q/k norm, head dim decoupled from hidden/heads (4 x 32 != 64), untied.
+_QWEN3_TINY = ModelConfig(
+    architecture="qwen3",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    qk_norm=True,
+    bos_token_id=256,
+    eos_token_ids=(257,),
+)
+
 SHAPES: dict[str, ModelConfig] = {
     # CPU tests: seconds. Its llama3 scaling (original context 32, head dim 16) puts RoPE
     # frequencies in all three bands: kept, smoothed and divided by the factor.
@@ -322,42 +341,13 @@ SHAPES: dict[str, ModelConfig] = {
         bos_token_id=256,
         eos_token_ids=(257,),
     ),
-    # Qwen3 flavour: q/k norm, head dim decoupled from hidden/heads (4 x 32 != 64), untied.
-    "qwen3-tiny": ModelConfig(
-        architecture="qwen3",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        qk_norm=True,
-        bos_token_id=256,
-        eos_token_ids=(257,),
-    ),
-    # Qwen3-MoE flavour: Qwen3's attention, 8 experts of width 32, top 2 renormalised, and layer
-    # 1 dense (mlp_only_layers), so dense and sparse layers alternate in one model.
-    "qwen3-moe-tiny": ModelConfig(
+    "qwen3-tiny": _QWEN3_TINY,
+    # Qwen3-MoE flavour: qwen3-tiny's attention, 8 experts of width 32, top 2 renormalised, and
+    # layer 1 dense (mlp_only_layers), so dense and sparse layers alternate in one model.
+    "qwen3-moe-tiny": replace(
+        _QWEN3_TINY,
         architecture="qwen3_moe",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=160,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        qk_norm=True,
-        bos_token_id=256,
-        eos_token_ids=(257,),
         num_experts=8,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
