@@ -30,7 +30,7 @@ from polymorph.contract.errors import BuildError
 from polymorph_engine.runtime.hotpath import HotPath
 from polymorph_engine.runtime.model import LoadedModel
 
-__all__ = ["forget_build", "import_build", "load_hotpath"]
+__all__ = ["forget_build", "import_build", "load_hotpath", "load_local"]
 
 _import_counter = itertools.count(1)
 
@@ -99,7 +99,20 @@ def load_hotpath(
 
     The build's modules stay importable (for torch.compile) while the hot path is alive, and are
     unregistered from ``sys.modules`` when it is garbage-collected (or by ``forget_build``).
+    On rank 0 of a tensor-parallel model the build is loaded on every rank, and the hot path
+    returned mirrors each call to them (``parallel.Leader.load``).
     """
+    leader = model.shard.leader if model.shard is not None else None
+    if leader is not None:
+        loaded: tuple[HotPath, BuildDeclaration, dict[str, KnobValue]] = leader.load(Path(build_dir), knobs)
+        return loaded
+    return load_local(model, build_dir, knobs)
+
+
+def load_local(
+    model: LoadedModel, build_dir: Path, knobs: Mapping[str, object] | None = None
+) -> tuple[HotPath, BuildDeclaration, dict[str, KnobValue]]:
+    """``load_hotpath`` in this process alone (a tensor-parallel rank loading its own shard)."""
     spec = read_build(Path(build_dir))
     resolved = resolve_knobs(spec, knobs)
     module = import_build(Path(build_dir), spec)

@@ -20,14 +20,30 @@ Shapes: D = head dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from polymorph_engine.runtime.config import ModelConfig
 from polymorph_engine.runtime.tokenizer import Tokenizer
 
-__all__ = ["LoadedModel", "MoeNames", "moe_names", "rope_cos_sin", "rope_inv_freq"]
+__all__ = ["LoadedModel", "MoeNames", "Shard", "moe_names", "rope_cos_sin", "rope_inv_freq"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of a tensor-parallel model (``runtime.parallel``): rank ``rank`` of
+    ``world``. A sharded ``LoadedModel`` holds its attention heads and MLP (and expert) rows only,
+    its ``config`` counting this rank's heads and widths; ``all_reduce`` sums a partial output
+    over the ranks (in place, returned). ``leader`` is set on rank 0 alone: the
+    ``parallel.Leader`` through which a build loaded there is loaded on every rank."""
+
+    rank: int
+    world: int
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    leader: Any = None
 
 
 @dataclass
@@ -40,6 +56,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     source: str = ""
+    shard: Shard | None = None  # tensor parallel: this rank's part (None: the whole model)
 
     def weights_bytes(self) -> int:
         """Bytes held by the weights (the tied embedding counts once)."""

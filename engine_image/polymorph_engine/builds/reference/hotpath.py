@@ -98,6 +98,8 @@ class ReferenceHotPath:
         if (capture == "cuda_graph" and self.device.type != "cuda") or knobs["decode_step"] == "fused":
             capture = "none"
         self.capture = capture
+        if model.shard is not None and model.shard.world > 1:
+            refuse_parallel(knobs, capture, self.device)
         self._prefilled: weakref.WeakSet[StaticCache] = weakref.WeakSet()  # caches holding prefills
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.layers = L.prepare_layers(
@@ -380,6 +382,25 @@ def knob_values(knobs: Mapping[str, object]) -> dict[str, Any]:
             if unmet and values[name] != knob.default:
                 values[name], changed = knob.default, True
     return values
+
+
+def refuse_parallel(knobs: Mapping[str, Any], capture: str, device: torch.device) -> None:
+    """Refuse, in one sentence, the variants that do not run tensor parallel yet: the fused step
+    and captured or compiled steps (their all-reduces would have to be captured too), and on CUDA
+    bucketed prefill (a captured graph per bucket)."""
+    refused = []
+    if knobs["decode_step"] == "fused":
+        refused.append("decode_step = fused")
+    if capture != "none":
+        refused.append(f"decode_capture = {capture}")
+    if knobs["prefill"] == "bucketed" and device.type == "cuda":
+        refused.append("prefill = bucketed on CUDA")
+    if refused:
+        verb = "does" if len(refused) == 1 else "do"
+        raise ValueError(
+            f"{' and '.join(refused)} {verb} not run tensor parallel yet (--tensor-parallel > 1): "
+            "the layered, uncaptured step does (docs/tensor-parallel.md)."
+        )
 
 
 def load(model: LoadedModel, knobs: dict[str, Any]) -> ReferenceHotPath:

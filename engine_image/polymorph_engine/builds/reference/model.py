@@ -203,6 +203,9 @@ class Transformer:
         self.inv_freq = rope_inv_freq(c, self.device)  # [D/2] float32
         self.project: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = project_qkv
         self.attend: Callable[..., torch.Tensor] = attention
+        if model.shard is not None:  # tensor parallel: chosen once, so one process runs plain ``out``
+            self.reduce = model.shard.all_reduce
+            self.out = self.out_sharded  # type: ignore[method-assign]
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, D]."""
@@ -228,6 +231,17 @@ class Transformer:
         x = x + F.linear(attn, lw.o_proj, lw.o_bias)
         h = rms_norm(x, lw.mlp_norm, self.eps)
         return x + lw.ffn(lw, h)
+
+    def out_sharded(self, lw: Any, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """``out`` on one rank of a tensor-parallel model (Megatron): this rank's heads through its
+        columns of o_proj, and its rows of the MLP (or of each expert) through its columns of
+        down_proj, are partial sums; each is all-reduced before its residual add (o_proj's bias
+        is rank 0's alone). Every rank then holds the same x."""
+        b, _, t, _ = attn.shape
+        attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.d)
+        x = x + self.reduce(F.linear(attn, lw.o_proj, lw.o_bias))
+        h = rms_norm(x, lw.mlp_norm, self.eps)
+        return x + self.reduce(lw.ffn(lw, h))
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, kv: Kv
