@@ -12,6 +12,9 @@ in ``/readyz``. SIGTERM or SIGINT stop accepting, let running requests finish (f
 types of ``polymorph.contract.inputs`` (durations, bounded numbers, names): a bad one exits 2 with one
 sentence; the port is bound before the model loads, so a taken one is refused at once. At most
 ``--max-batch`` + ``--max-queue`` requests are admitted at once; more get 503 with Retry-After.
+``--tensor-parallel N`` serves the model sharded over N ranks (``runtime.parallel``: N GPUs of
+this node, or N processes on a CPU); this process is rank 0. A rank that fails on its own stops
+the server: it exits 1 with one line naming the rank (the pod restarts).
 
 This module only gathers inputs and wires the pieces together (model, build, ``server``,
 ``metrics``, ``trace``); it holds no serving logic of its own.
@@ -25,6 +28,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from polymorph.contract.builds import resolve_build_arg
@@ -34,6 +38,8 @@ from polymorph.contract.store import Store, build_id, check_writable, open_store
 from polymorph.contract.workload import MAX_SERVING_BATCH, SERVING_MAX_BATCH
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.loader import load_hotpath
+from polymorph_engine.runtime.model import LoadedModel
+from polymorph_engine.runtime.parallel import DEFAULT_TIMEOUT_S, Leader, launch
 from polymorph_engine.serving.metrics import ServerMetrics
 from polymorph_engine.serving.server import EngineServer
 from polymorph_engine.serving.service import DEFAULT_MAX_QUEUE, CompletionService
@@ -145,6 +151,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seed for random weights of shape models (default: 0)",
     )
     serve.add_argument(
+        "--tensor-parallel",
+        type=integer(1, 64),
+        default=1,
+        metavar="N",
+        help="shard the model over N ranks: N GPUs of this node (cuda), or N processes (cpu) (default: 1)",
+    )
+    serve.add_argument(
+        "--rank-timeout",
+        type=duration(),
+        default=f"{DEFAULT_TIMEOUT_S:g}s",
+        metavar="DURATION",
+        help="with --tensor-parallel: how long a rank may lag before it is called hung (default: 5m)",
+    )
+    serve.add_argument(
         "--build-cache",
         metavar="DIR",
         help="where builds fetched from --store are unpacked (default: a temporary directory)",
@@ -170,13 +190,16 @@ def run(args: argparse.Namespace) -> int:
     cache = Path(args.build_cache) if args.build_cache else Path(tempfile.mkdtemp(prefix="polymorph-builds-"))
     build_dir, build = _resolve_build(args.build, store, cache)
     dtype = ("float32" if args.device == "cpu" else "bfloat16") if args.dtype == "auto" else args.dtype
-    model = load_model(args.model, device=args.device, dtype=dtype, seed=args.seed)
+    model = _load(args, dtype)
+    leader: Leader | None = model.shard.leader if model.shard is not None else None
     max_seq_len = args.max_seq_len or min(model.config.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     try:
         hotpath, _, _ = load_hotpath(model, build_dir)
     except BuildError as exc:
+        _close(leader)
         raise UsageError(f"--build {args.build}: {exc}") from None
     except Exception as exc:  # a build's load() raising is a bad build, not an engine bug
+        _close(leader)
         raise UsageError(f"--build {args.build}: its load() failed: {type(exc).__name__}: {exc}.") from None
     sampler = TraceSampler(args.trace_sample_rate) if args.trace_sample_rate > 0 else None
     metrics = ServerMetrics(build, args.model_deployment or "", args.track)
@@ -209,12 +232,22 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if leader is not None:
+            _watch(leader, stop)
         stop.wait()
     finally:
-        service.close(grace_s=args.shutdown_grace)  # readyz turns 503; admitted requests finish
+        broken = leader.broken if leader is not None else None
+        service.close(
+            grace_s=0 if broken else args.shutdown_grace
+        )  # readyz turns 503; admitted requests finish
         server.close()  # streams write their last events, then the socket goes
         flusher.stop()
-        hotpath.close()
+        if broken is None:
+            hotpath.close()
+        _close(leader)
+    if broken is not None:
+        print(f"polymorph engine: stopped: {broken}", file=sys.stderr, flush=True)
+        return 1
     dropped = metrics.trace_counts().get("dropped", 0)
     if dropped:
         print(
@@ -226,6 +259,36 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print("polymorph engine: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _load(args: argparse.Namespace, dtype: str) -> LoadedModel:
+    """The model, or with --tensor-parallel N > 1 rank 0's shard of it (the other ranks started)."""
+    if args.tensor_parallel == 1:
+        return load_model(args.model, device=args.device, dtype=dtype, seed=args.seed)
+    return launch(
+        args.model,
+        world=args.tensor_parallel,
+        device=args.device,
+        dtype=dtype,
+        seed=args.seed,
+        timeout_s=args.rank_timeout,
+    )
+
+
+def _watch(leader: Leader, stop: StopSignals) -> None:
+    """Stop the server once a rank has failed: every later step would fail too."""
+
+    def loop() -> None:
+        while leader.broken is None:
+            time.sleep(0.2)
+        stop.stop()
+
+    threading.Thread(target=loop, name="polymorph-ranks", daemon=True).start()
+
+
+def _close(leader: Leader | None) -> None:
+    if leader is not None:
+        leader.close()
 
 
 def _md(args: argparse.Namespace) -> str:

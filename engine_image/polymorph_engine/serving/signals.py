@@ -33,6 +33,10 @@ class StopSignals:
     def _stop(self, signum: int, _frame: FrameType | None) -> None:
         self._stopping.set()
 
+    def stop(self) -> None:
+        """Stop as a signal would (from any thread): the engine itself cannot go on."""
+        self._stopping.set()
+
     def wait(self) -> None:
         """Block until SIGTERM or SIGINT came."""
         while not self._stopping.wait(self.POLL_S):
