@@ -166,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             fit=replay.fit_on_device,  # CPU workloads are fitted with measurement.CPU_SCALE, as compile's
             threads=measurement.worker_threads(args.threads, device),
+            tensor_parallel=args.tensor_parallel,
         )
         try:
             with supervisor:

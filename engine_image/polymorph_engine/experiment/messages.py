@@ -43,6 +43,8 @@ class WorkerConfig:
     verify_steps: int
     fit: bool
     threads: int | None
+    tensor_parallel: int = 1  # ranks the worker shards the model over (runtime.parallel)
+    rank_timeout: float = 300.0  # seconds a rank may lag before it is called hung
 
 
 # --- parent to child ------------------------------------------------------------------------

@@ -158,6 +158,10 @@ class Supervisor:
         verify_prompts, verify_steps: the size of the golden set (P prompts, K steps).
         threads: CPU threads the worker's torch may use (None: torch's default). One thread
             keeps a tiny CPU model's timings steady on a shared machine.
+        tensor_parallel: ranks the worker shards the model over (``runtime.parallel``); the
+            worker is rank 0 and starts the others. A rank failing on its own (raising alone,
+            exiting, or lagging past ``rank_timeout`` seconds) makes the experiment ``crashed``,
+            its error naming the rank, and the next ``run`` restarts the worker with every rank.
     """
 
     def __init__(
@@ -176,6 +180,8 @@ class Supervisor:
         start_timeout: float | None = None,
         fit: bool = True,
         threads: int | None = None,
+        tensor_parallel: int = 1,
+        rank_timeout: float = 300.0,
     ) -> None:
         if experiment_timeout <= 0:
             raise ValueError(f"experiment_timeout must be > 0 seconds, got {experiment_timeout}")
@@ -199,6 +205,9 @@ class Supervisor:
             verify_steps=verify_steps,
             fit=fit,
             threads=threads,
+            tensor_parallel=tensor_parallel,
+            # a rank's failure must be named before the experiment times out (a hang costs two)
+            rank_timeout=min(rank_timeout, self.experiment_timeout / 3),
         )
         self.stats = SupervisorStats()
         self._ctx = mp.get_context("spawn")
@@ -307,7 +316,11 @@ class Supervisor:
         elapsed = time.perf_counter() - started
         self.stats.experiment_seconds.append(elapsed)
         if isinstance(message, Recorded):
-            return ExperimentRecord.model_validate_json(message.record_json)
+            record = ExperimentRecord.model_validate_json(message.record_json)
+            if record.status == "crashed":  # a tensor-parallel rank failed; the worker has exited
+                self.stats.crashes += 1
+                self._kill()
+            return record
         if self._process is not None and self._process.exitcode is None:
             self.stats.timeouts += 1
             status, error = (

@@ -2,8 +2,10 @@
 
 It imports the engine (torch with it), loads the model once, computes the golden outputs, and
 then answers each ``messages.Run`` with one experiment (``run.run_experiment`` in a hot
-``Engine``, the baseline held in a ``pairing.BaselineSlot``) until ``messages.Stop``. Only the
-child imports this module: the parent stays free of torch.
+``Engine``, the baseline held in a ``pairing.BaselineSlot``) until ``messages.Stop``. With
+``tensor_parallel`` N > 1 it is rank 0 of N (``runtime.parallel.launch``): every build it loads
+is loaded on every rank, and one that fails alone ends the worker. Only the child imports this
+module: the parent stays free of torch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from polymorph.contract.api import Gates
 from polymorph.contract.api.build import Verification
 from polymorph.contract.errors import UsageError
+from polymorph.contract.workload import Workload
 from polymorph_engine.experiment.messages import (
     ParentMessage,
     Ready,
@@ -30,9 +33,11 @@ from polymorph_engine.experiment.messages import (
 )
 from polymorph_engine.experiment.pairing import BaselineSlot
 from polymorph_engine.experiment.run import fit_for_device, run_experiment, scale_note, vocab_size_of
-from polymorph_engine.experiment.verify import default_prompts, golden
+from polymorph_engine.experiment.settings import BenchSettings
+from polymorph_engine.experiment.verify import Golden, default_prompts, golden
 from polymorph_engine.runtime.checkpoint import load_model
 from polymorph_engine.runtime.hotreload import Engine
+from polymorph_engine.runtime.parallel import Leader, launch
 
 __all__ = ["compile_cache_dir", "worker_loop"]
 
@@ -62,7 +67,21 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
 
-        model = load_model(config.model_source, device=config.device, dtype=config.dtype, seed=config.seed)
+        if config.tensor_parallel > 1:  # this process is rank 0; the others start here
+            model = launch(
+                config.model_source,
+                world=config.tensor_parallel,
+                device=config.device,
+                dtype=config.dtype,
+                seed=config.seed,
+                timeout_s=config.rank_timeout,
+                threads=config.threads,
+            )
+        else:
+            model = load_model(
+                config.model_source, device=config.device, dtype=config.dtype, seed=config.seed
+            )
+        leader = model.shard.leader if model.shard is not None else None
         max_seq_len = model.config.max_position_embeddings
         workload = config.workload
         settings = config.settings
@@ -83,6 +102,26 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
     except Exception as exc:
         conn.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         return
+    try:
+        _serve(conn, engine, slot, leader, workload, gates, reference, settings, verified)
+    finally:
+        if leader is not None:
+            leader.close()
+
+
+def _serve(
+    conn: Connection,
+    engine: Engine,
+    slot: BaselineSlot,
+    leader: Leader | None,
+    workload: Workload,
+    gates: Gates,
+    reference: Golden,
+    settings: BenchSettings,
+    verified: dict[str, Verification],
+) -> None:
+    """Answer each ``Run`` until ``Stop``; after a tensor-parallel rank failed on its own, the
+    record is ``crashed``, naming the rank, and the worker ends (the supervisor restarts it)."""
     while True:
         try:
             message: ParentMessage = conn.recv()
@@ -105,4 +144,9 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
             screen=message.screen,
             verified=verified,
         )
+        if leader is not None and leader.broken is not None:
+            record.status = "crashed"
+            record.error = f"{leader.broken}; the worker will be restarted"
+            conn.send(Recorded(record.model_dump_json()))
+            return
         conn.send(Recorded(record.model_dump_json()))

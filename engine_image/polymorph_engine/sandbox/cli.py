@@ -74,6 +74,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "benchmark cache has it (default: spec.model.maxSeqLen, else the workload's longest request)",
     )
     parser.add_argument(
+        "--tensor-parallel",
+        type=integer(1, 64),
+        default=1,
+        metavar="N",
+        help="shard the model over N ranks: the N GPUs of this pod (spec.hardware.count) (default: 1)",
+    )
+    parser.add_argument(
         "--workdir",
         metavar="DIR",
         help="writable scratch folder for unpacked builds (default: a temporary one)",
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             cache_slots=args.max_batch,
             cache_len=args.max_seq_len or (spec.model.maxSeqLen if spec.model is not None else None),
         ),
+        tensor_parallel=args.tensor_parallel,
     )
     workdir = Path(args.workdir) if args.workdir else None
     # The port is bound before the model loads, so a taken one is refused in a moment, not after it.

@@ -220,6 +220,7 @@ def _rerun(args: argparse.Namespace, base: str) -> Callable[[str], str]:
             threads=args.threads,
             store=args.store,
             seed=args.seed,
+            tensor_parallel=args.tensor_parallel,
         )
 
     return line
@@ -293,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             fit=replay.fit_on_device,  # CPU workloads were fitted above, with measurement.CPU_SCALE
             threads=measurement.worker_threads(args.threads, args.device),
+            tensor_parallel=args.tensor_parallel,
         )
         # Built before the worker starts: a corrupt ledger or progress document is refused at once.
         try:

@@ -89,6 +89,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="seed for random weights, the workload's sample of a profile and the prompts (default: 0)",
     )
     parser.add_argument(
+        "--tensor-parallel",
+        type=integer(1, 64),
+        default=1,
+        metavar="N",
+        help="shard the model over N ranks in the engine worker: N GPUs of this node (cuda), or N "
+        "processes (cpu); each build is loaded, verified and measured on all of them (default: 1)",
+    )
+    parser.add_argument(
         "--threads",
         type=integer(1, MAX_THREADS),
         help="torch CPU threads in the engine worker (default: 1 with --device cpu, where one thread keeps "
@@ -155,6 +163,7 @@ def rerun_command(
     threads: int | None,
     store: str | None,
     seed: int = 0,
+    tensor_parallel: int = 1,
 ) -> str:
     """The ``polymorph experiment`` line that measures ``build`` paired with ``against`` as a campaign did."""
     argv: list[str] = ["polymorph", "experiment", "--build", build, "--against", against]
@@ -167,6 +176,7 @@ def rerun_command(
         ("--threads", None if threads is None else str(threads), None),
         ("--store", store, None),
         ("--seed", str(seed), "0"),
+        ("--tensor-parallel", str(tensor_parallel), "1"),
     )
     for flag, value, default in flags:
         if value is not None and value != default:
