@@ -17,6 +17,7 @@ from polymorph.core.resources import (
     sandbox_job,
     serving_deployment,
     serving_service,
+    tensor_parallel,
 )
 
 EXAMPLES = Path(__file__).parents[2] / "crds" / "examples"
@@ -200,3 +201,25 @@ def test_unresolved_job_is_refused() -> None:
     doc["metadata"]["uid"] = "u"
     with pytest.raises(ValueError, match="resolved CompileJob"):
         sandbox_job(CompileJob.model_validate(doc), SETTINGS)
+
+
+def test_n_accelerators_of_a_pod_serve_and_compile_as_n_tensor_parallel_ranks() -> None:
+    def pod_of(doc: dict[str, Any]) -> dict[str, Any]:
+        return dict(doc["spec"]["template"]["spec"])
+
+    four = {"accelerator": "nvidia-h200", "count": 4}
+    serving = pod_of(serving_deployment(md(hardware=four), "stable", BUILD, 1, SETTINGS))["containers"][0]
+    i = serving["command"].index("--tensor-parallel")
+    assert serving["command"][i + 1] == "4"
+    assert serving["resources"]["limits"]["nvidia.com/gpu"] == "4"  # one pod holds the four ranks
+    sandbox = next(
+        c for c in pod_of(sandbox_job(cj(hardware=four), SETTINGS))["initContainers"] if c["name"] == "engine"
+    )
+    i = sandbox["command"].index("--tensor-parallel")
+    assert sandbox["command"][i + 1] == "4" and sandbox["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    one = md(hardware={"accelerator": "nvidia-h200", "count": 1})
+    assert (
+        "--tensor-parallel"
+        not in pod_of(serving_deployment(one, "stable", BUILD, 1, SETTINGS))["containers"][0]["command"]
+    )
+    assert tensor_parallel(md(hardware={"accelerator": "cpu", "count": 2}).spec.hardware) == []

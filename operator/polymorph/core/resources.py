@@ -4,7 +4,8 @@ Owns: names (``<md>``, ``<md>-canary``, ``<cj>-spec``), the labels the operator 
 (``polymorph.dev/model-deployment``, ``polymorph.dev/build``, ``polymorph.dev/track``,
 ``polymorph.dev/compilejob``), owner references, how the weights reach a pod (``pvc://``
 mounted read-only, ``s3://`` fetched by an init container into an emptyDir, a plain path
-passed through for CPU and development clusters), the serving command line, and the hardened
+passed through for CPU and development clusters), the serving command line (with
+``--tensor-parallel N`` where ``spec.hardware.count`` asks N accelerators of one pod), and the hardened
 sandbox pod (engine as a native sidecar with no secrets; agent with ``secretKeyRef`` env).
 
 Every function returns a JSON-ready dict; nothing here talks to a cluster or reads a clock.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polymorph.contract.api import CompileJob, ModelDeployment, parse_duration
-from polymorph.contract.api.modeldeployment import ModelSource
+from polymorph.contract.api.modeldeployment import HardwareSpec, ModelSource
 from polymorph.core.hardware import placement
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "sandbox_job",
     "serving_deployment",
     "serving_service",
+    "tensor_parallel",
 ]
 
 LABEL_MODEL_DEPLOYMENT = "polymorph.dev/model-deployment"
@@ -213,6 +215,14 @@ def model_mount(model: ModelSource, settings: ClusterSettings) -> ModelMount:
     return ModelMount(uri, [], [], [])
 
 
+def tensor_parallel(hw: HardwareSpec) -> list[str]:
+    """The engine's ``--tensor-parallel N`` for a pod of ``hw.count`` > 1 accelerators (one rank
+    per GPU, all in this one pod; ``placement`` requests the N devices); none for one, or on CPU."""
+    if hw.count <= 1 or hw.resource_name() is None:
+        return []
+    return ["--tensor-parallel", str(hw.count)]
+
+
 def _selector_labels(md: ModelDeployment, track: str) -> dict[str, str]:
     return {LABEL_MODEL_DEPLOYMENT: md.metadata.name, LABEL_TRACK: track}
 
@@ -243,6 +253,7 @@ def serving_deployment(
         "--dtype", spec.model.dtype,
         "--max-seq-len", str(spec.model.maxSeqLen),
         "--build-cache", "/tmp/builds",
+        *tensor_parallel(spec.hardware),
         *engine.args,
     ]  # fmt: skip
     resources = {
@@ -379,6 +390,7 @@ def sandbox_job(cj: CompileJob, settings: ClusterSettings, max_batch: int | None
             str(SANDBOX_ADMIN_PORT),
             "--workdir",
             "/tmp/work",
+            *tensor_parallel(spec.hardware),
             *(["--max-batch", str(max_batch)] if max_batch is not None else []),
         ],
         "env": [{"name": "HOME", "value": "/tmp"}],
