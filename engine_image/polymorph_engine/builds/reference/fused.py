@@ -131,14 +131,27 @@ class FusedDecoder:
         lengths: torch.Tensor,
     ) -> torch.Tensor:
         """One decoder layer: x [B, H] -> [B, H]; writes this step's k, v into kc, vc."""
+        assert lw.gate_up_proj is not None and lw.down_proj is not None
+        x = self._attention(x, lw, kc, vc, slots, lengths)
+        gu = self.ops.norm_linear(x, lw.mlp_norm, lw.gate_up_proj, None)  # [B, 2I]
+        return self.ops.silu_linear_residual(gu, lw.down_proj, x)
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        lw: L.LayerWeights,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """A layer's attention half, dense or sparse: x [B, H] -> x + o_proj(attention(norm(x)))."""
         ops = self.ops
-        assert lw.qkv_proj is not None and lw.gate_up_proj is not None and lw.down_proj is not None
+        assert lw.qkv_proj is not None
         qkv = ops.norm_linear(x, lw.attn_norm, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
         q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
         attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
-        x = ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
-        gu = ops.norm_linear(x, lw.mlp_norm, lw.gate_up_proj, None)  # [B, 2I]
-        return ops.silu_linear_residual(gu, lw.down_proj, x)
+        return ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
 
     def _moe_layer(
         self,
@@ -150,13 +163,9 @@ class FusedDecoder:
         lengths: torch.Tensor,
     ) -> torch.Tensor:
         """``_layer`` of a sparse layer: the same attention, then x + moe(rms_norm(x))."""
-        ops = self.ops
-        assert lw.qkv_proj is not None and lw.moe is not None
-        qkv = ops.norm_linear(x, lw.attn_norm, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
-        q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
-        attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
-        x = ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
-        return x + lw.moe(ops.add_norm(x, None, lw.mlp_norm)[1])
+        assert lw.moe is not None
+        x = self._attention(x, lw, kc, vc, slots, lengths)
+        return x + lw.moe(self.ops.add_norm(x, None, lw.mlp_norm)[1])
 
     def _moe_layer_deferred(
         self,
@@ -169,13 +178,8 @@ class FusedDecoder:
         lengths: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_layer_deferred`` of a sparse layer: the MoE block's output is the deferred add."""
-        ops = self.ops
-        assert lw.qkv_proj is not None and lw.moe is not None
-        x, h = ops.add_norm(x, y, lw.attn_norm)
-        qkv = ops.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
-        q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
-        attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
-        x, h = ops.add_norm(x, ops.linear(attn, lw.o_proj, lw.o_bias), lw.mlp_norm)
+        assert lw.moe is not None
+        x, h = self._attention_deferred(x, y, lw, kc, vc, slots, lengths)
         return x, lw.moe(h)
 
     def _layer_deferred(
@@ -190,15 +194,30 @@ class FusedDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_layer`` with the residual adds deferred: (x, y) [B, H] -> (x', y') with the layer's
         output x' + y'; each add happens inside the next norm's launch."""
+        assert lw.gate_up_proj is not None and lw.down_proj is not None
+        x, h = self._attention_deferred(x, y, lw, kc, vc, slots, lengths)
+        gu = self.ops.linear(h, lw.gate_up_proj, None)  # [B, 2I]
+        return x, self.ops.silu_linear(gu, lw.down_proj)
+
+    def _attention_deferred(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        lw: L.LayerWeights,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_attention`` with the residual adds deferred, dense or sparse: (x, y) -> (x', h), x'
+        the residual after attention and h = mlp_norm(x'), the MLP's or the MoE block's input."""
         ops = self.ops
-        assert lw.qkv_proj is not None and lw.gate_up_proj is not None and lw.down_proj is not None
+        assert lw.qkv_proj is not None
         x, h = ops.add_norm(x, y, lw.attn_norm)
         qkv = ops.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
         q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
         attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
-        x, h = ops.add_norm(x, ops.linear(attn, lw.o_proj, lw.o_bias), lw.mlp_norm)
-        gu = ops.linear(h, lw.gate_up_proj, None)  # [B, 2I]
-        return x, ops.silu_linear(gu, lw.down_proj)
+        return ops.add_norm(x, ops.linear(attn, lw.o_proj, lw.o_bias), lw.mlp_norm)
 
     def step(self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """slots, tokens [B] on the device -> float32 logits [B, V]; advances ``cache.lengths``
