@@ -22,7 +22,7 @@ from polymorph.contract.api import parse_duration
 from polymorph.contract.errors import UsageError
 from polymorph.contract.inputs import integer
 from polymorph.contract.job import SPEC_ENV, read_compilejob, workload_identity
-from polymorph.contract.measurement import DEFAULT_REPEATS, MAX_REPEATS
+from polymorph.contract.measurement import DEFAULT_REPEATS, MAX_REPEATS, add_tensor_parallel
 from polymorph.contract.workload import (
     DEFAULT_WORKLOAD,
     MAX_REQUEST_TOKENS,
@@ -73,12 +73,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the sequence length the deployment's engines allocate (their --max-seq-len): every "
         "benchmark cache has it (default: spec.model.maxSeqLen, else the workload's longest request)",
     )
-    parser.add_argument(
-        "--tensor-parallel",
-        type=integer(1, 64),
-        default=1,
-        metavar="N",
-        help="shard the model over N ranks: the N GPUs of this pod (spec.hardware.count) (default: 1)",
+    add_tensor_parallel(
+        parser,
+        "shard the model over N ranks: the N GPUs of this pod (spec.hardware.count) (default: 1)",
     )
     parser.add_argument(
         "--workdir",

@@ -34,6 +34,7 @@ from pathlib import Path
 from polymorph.contract.builds import resolve_build_arg
 from polymorph.contract.errors import BuildError, StoreError, UsageError
 from polymorph.contract.inputs import duration, integer, name, number
+from polymorph.contract.measurement import add_tensor_parallel
 from polymorph.contract.store import Store, build_id, check_writable, open_store, workload_prefix
 from polymorph.contract.workload import MAX_SERVING_BATCH, SERVING_MAX_BATCH
 from polymorph_engine.runtime.checkpoint import load_model
@@ -150,12 +151,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="seed for random weights of shape models (default: 0)",
     )
-    serve.add_argument(
-        "--tensor-parallel",
-        type=integer(1, 64),
-        default=1,
-        metavar="N",
-        help="shard the model over N ranks: N GPUs of this node (cuda), or N processes (cpu) (default: 1)",
+    add_tensor_parallel(
+        serve,
+        "shard the model over N ranks: N GPUs of this node (cuda), or N processes (cpu) (default: 1)",
     )
     serve.add_argument(
         "--rank-timeout",

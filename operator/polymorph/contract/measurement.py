@@ -32,9 +32,11 @@ __all__ = [
     "DEFAULT_EXPERIMENT_TIMEOUT",
     "DEFAULT_REPEATS",
     "MAX_REPEATS",
+    "MAX_TENSOR_PARALLEL",
     "MAX_THREADS",
     "CampaignWorkload",
     "add_flags",
+    "add_tensor_parallel",
     "campaign_workload",
     "rerun_command",
     "worker_threads",
@@ -52,6 +54,17 @@ CPU_SCALE = {"max_requests": 16, "max_input": 64, "max_output": 32, "max_concurr
 benchmark's (``experiment.DEVICE_SCALE``), so a scheduling hiccup on a shared machine is a small
 fraction of a pass and a real speedup stands out of the noise; an experiment still takes well
 under a second on ``tiny``."""
+
+
+MAX_TENSOR_PARALLEL = 64
+"""Ranks ``--tensor-parallel`` takes at most (the GPUs one node can hold, with room)."""
+
+
+def add_tensor_parallel(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str) -> None:
+    """``--tensor-parallel N`` as every command that runs an engine takes it; ``help`` says where the ranks run."""
+    parser.add_argument(
+        "--tensor-parallel", type=integer(1, MAX_TENSOR_PARALLEL), default=1, metavar="N", help=help
+    )
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -88,12 +101,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="seed for random weights, the workload's sample of a profile and the prompts (default: 0)",
     )
-    parser.add_argument(
-        "--tensor-parallel",
-        type=integer(1, 64),
-        default=1,
-        metavar="N",
-        help="shard the model over N ranks in the engine worker: N GPUs of this node (cuda), or N "
+    add_tensor_parallel(
+        parser,
+        "shard the model over N ranks in the engine worker: N GPUs of this node (cuda), or N "
         "processes (cpu); each build is loaded, verified and measured on all of them (default: 1)",
     )
     parser.add_argument(
