@@ -90,6 +90,7 @@ shapes)
         echo "under 100 GiB of device memory: long-batch runs as long-batch-16"
     fi
     for s in $SHAPES; do
+        echo "$(date -u +%T) $s: search"
         timeout "${SHAPE_BUDGET_S:-330}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
             --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" \
             --knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile \
@@ -101,9 +102,11 @@ doc = json.load(open(sys.argv[1]))
 sets = [((doc.get("campaign") or {}).get("best") or {}).get("knobs"), ((doc.get("exhaustive") or {}).get("best") or {}).get("config")]
 print(";".join(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()) for s in sets if s))
 ' "$OUT/search-quality-$MODEL-$s-$DATE.json" || true)
+        echo "$(date -u +%T) $s: kept ${KEPT:-nothing}; full replays"
         [ -n "$KEPT" ] && python3 bench/fidelity.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
             --shapes "bench/shapes/$s.yaml" --builds "$KEPT" --full-passes 1 \
-            --out "$OUT/fidelity-$MODEL-$s-kept-$DATE.json" >/dev/null
+            --out "$OUT/fidelity-$MODEL-$s-kept-$DATE.json" >/dev/null || echo "$s: fidelity exited $?"
+        echo "$(date -u +%T) $s: peers"
         # The peers at the shape: batch decode at its concurrency and its full-batch steps' mean context.
         read -r C CTX < <(python3 -c '
 import statistics, sys
@@ -114,8 +117,8 @@ print(w.concurrency, round(statistics.fmean(plan(w).homes)))
 ' "bench/shapes/$s.yaml")
         python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches "$C" --compiled-batches "$C" --hf-batches "$C" \
             --engines polymorph,compiled-peer,hf-compiled --prompt "$CTX" --steps 128 \
-            --workload "bench/shapes/$s.yaml" --knobs "${KEPT%%;*}" --budget-s 240 --json \
-            --out "$OUT/decode-$MODEL-$s-$DATE.json" >/dev/null
+            --workload "bench/shapes/$s.yaml" --knobs "${KEPT%%;*}" --budget-s "${DECODE_BUDGET_S:-240}" --json \
+            --out "$OUT/decode-$MODEL-$s-$DATE.json" >/dev/null || echo "$s: decode exited $?"
     done
     ;;
 *)
