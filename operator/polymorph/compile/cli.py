@@ -57,9 +57,10 @@ DEVICE_DEFAULTS: dict[str, dict[str, str | int]] = {
         "deadline": "10m",
         "experiment_timeout": measurement.DEFAULT_EXPERIMENT_TIMEOUT,
     },
-    # What bench/h200.sh shapes measured (llama-8b, three traffic shapes): a 2-minute campaign of
-    # experiments of 3-10 s at the workload's real shape, where a torch.compile candidate still
+    # A 2-minute campaign: experiments at the workload's real shape take 3-10 s on llama-8b (the
+    # recorded sampled passes), so 2 minutes hold tens of them; a torch.compile candidate still
     # compiling after 30 s is "not ready yet" (one warm retry), not worth a quarter of the deadline.
+    # bench/h200.sh shapes runs each traffic shape's campaign on these defaults.
     "cuda": {"max_experiments": 400, "deadline": "2m", "experiment_timeout": "30s"},
 }
 """Per device type, ``--max-experiments``, ``--deadline`` and ``--experiment-timeout`` when not given."""
