@@ -168,6 +168,12 @@ def test_a_candidate_that_waits_is_judged_by_wall_time() -> None:
     loaded_c = [timed(0.05, 0.10 + 0.01 * i) for i in range(6)]
     loaded_b = [timed(0.06, 0.12 + 0.01 * i) for i in range(6)]
     assert not waits_more(loaded_c, loaded_b)
+    # Load that comes and goes: every other pair preempted 3x, its two passes alike, and one more
+    # pair where only the candidate's pass was. Taken apart, the candidate's median wall/CPU (2.0)
+    # is twice the baseline's (1.0); pair by pair the median is 1.
+    bursty_c = [timed(0.05, 0.05 * (3 if i % 2 else 1)) for i in range(7)] + [timed(0.05, 0.15)]
+    bursty_b = [timed(0.05, 0.05 * (3 if i % 2 else 1)) for i in range(7)] + [timed(0.05, 0.05)]
+    assert not waits_more(bursty_c, bursty_b)
     # The candidate sleeps half its pass: its CPU time looks 2x better, its wall time does not.
     sleepy = [timed(0.03, 0.09) for _ in range(6)]
     steady_b = [timed(0.06, 0.06) for _ in range(6)]

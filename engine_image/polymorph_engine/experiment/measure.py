@@ -239,14 +239,21 @@ WAIT_FACTOR = 1.5
 """``waits_more``: how much more wall time per CPU second the candidate may take than the baseline."""
 
 
-def _wait_ratio(passes: list[PassResult]) -> float:
-    return statistics.median(p.wall_s / max(p.duration_s, 1e-9) for p in passes)
+def _waiting(p: PassResult) -> float:
+    return p.wall_s / max(p.duration_s, 1e-9)
 
 
 def waits_more(candidate: list[PassResult], baseline: list[PassResult]) -> bool:
-    """True when the candidate's wall/CPU time ratio (median over passes) exceeds the baseline's by
-    ``WAIT_FACTOR``: it waits (sleeps, locks, I/O) rather than computes, so CPU time would flatter it."""
-    return _wait_ratio(candidate) > WAIT_FACTOR * _wait_ratio(baseline)
+    """True when, in the median pair, the candidate's wall/CPU time ratio exceeds the baseline's by
+    ``WAIT_FACTOR``: it waits (sleeps, locks, I/O) rather than computes, so CPU time would flatter it.
+
+    Judged pair by pair: the two passes of a pair run back to back, so a machine whose load comes
+    and goes (preemption stretches wall time, not CPU time) stretches both alike, where the medians
+    of each build's passes taken apart could differ by the load of different moments."""
+    return (
+        statistics.median(_waiting(c) / _waiting(b) for c, b in zip(candidate, baseline, strict=True))
+        > WAIT_FACTOR
+    )
 
 
 def as_wall(paired: PairedMeasurement, confidence: float = 0.95) -> PairedMeasurement:
