@@ -4,7 +4,10 @@ Real processes on the tiny CPU model. Each signal stops the campaign with the si
 ``interrupted`` (no traceback from the CLI or its engine worker, no leaked-semaphore warning),
 exit status 128 + the signal, and ``progress-0.json`` saying ``interrupted`` with the counts
 so far; running the same command again resumes from the ledger. A corrupt ledger line or
-progress document is one line and exit status 2 before any model loads.
+progress document is one line and exit status 2 before any model loads. The campaigns search the
+reference build less its torch.compile values (``support.builds.eager_reference_build``): what
+these tests hold does not depend on the candidates, and inductor compiling them would be most of
+their CPU time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from polymorph.contract.store import open_store
+from support.builds import eager_reference_build
 
 POLYMORPH = [sys.executable, "-m", "polymorph.cli"]
 FLAGS = ["--max-experiments", "200", "--repeats", "2", "--campaign", "signals"]
@@ -33,6 +37,12 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``--base-build`` of every campaign here (only read)."""
+    return eager_reference_build(tmp_path_factory.mktemp("base") / "reference")
+
+
 def _documents(store: Path) -> tuple[str | None, str | None]:
     """The keys of the campaign's ledger and progress document, once they exist."""
     if not (store / "compilejobs").exists():
@@ -43,9 +53,9 @@ def _documents(store: Path) -> tuple[str | None, str | None]:
     return ledger, progress
 
 
-def _interrupt(store: Path, signum: int) -> subprocess.CompletedProcess[str]:
+def _interrupt(store: Path, base: Path, signum: int) -> subprocess.CompletedProcess[str]:
     """Start a campaign, send ``signum`` once two experiments are in its ledger, and wait for it."""
-    cmd = [*POLYMORPH, "compile", "--store", str(store), *FLAGS]
+    cmd = [*POLYMORPH, "compile", "--store", str(store), *FLAGS, "--base-build", str(base)]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True
     )
@@ -67,9 +77,11 @@ def _interrupt(store: Path, signum: int) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_the_campaign_with_one_line_and_it_resumes(tmp_path: Path, signum: int) -> None:
+def test_a_signal_stops_the_campaign_with_one_line_and_it_resumes(
+    tmp_path: Path, base: Path, signum: int
+) -> None:
     store = tmp_path / "store"
-    done = _interrupt(store, signum)
+    done = _interrupt(store, base, signum)
     assert done.returncode == 128 + signum, done.stderr
     assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "interrupted"
@@ -82,7 +94,7 @@ def test_a_signal_stops_the_campaign_with_one_line_and_it_resumes(tmp_path: Path
     assert progress["state"] == "interrupted" and progress["stopReason"] == "interrupted"
     assert progress["counts"]["total"] == recorded >= 2
     # The budget is not part of a campaign's identity: a budget of one more experiment resumes it.
-    flags = [*FLAGS[2:], "--max-experiments", str(recorded + 1)]
+    flags = [*FLAGS[2:], "--base-build", str(base), "--max-experiments", str(recorded + 1)]
     again = subprocess.run(
         [*POLYMORPH, "compile", "--store", str(store), *flags, "--json"],
         capture_output=True,
@@ -96,23 +108,19 @@ def test_a_signal_stops_the_campaign_with_one_line_and_it_resumes(tmp_path: Path
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def campaign(tmp_path_factory: pytest.TempPathFactory, base: Path) -> Path:
     """A store holding one short finished campaign."""
     store = tmp_path_factory.mktemp("campaign") / "store"
-    done = subprocess.run(
-        [*POLYMORPH, "compile", "--store", str(store), "--max-experiments", "2", "--repeats", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-    )
+    done = _resume(store, base, timeout=300)
     assert done.returncode == 0, done.stderr
     return store
 
 
-def _resume(store: Path) -> subprocess.CompletedProcess[str]:
+def _resume(store: Path, base: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The command that runs ``campaign``'s short campaign, and resumes it when run again."""
     cmd = [*POLYMORPH, "compile", "--store", str(store), "--max-experiments", "2", "--repeats", "2"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+    cmd += ["--base-build", str(base)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
 
 
 @pytest.mark.parametrize(
@@ -124,7 +132,7 @@ def _resume(store: Path) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_a_corrupt_document_on_resume_is_one_line(
-    campaign: Path, tmp_path: Path, document: str, content: str | None, needle: str
+    campaign: Path, base: Path, tmp_path: Path, document: str, content: str | None, needle: str
 ) -> None:
     store = tmp_path / "store"
     shutil.copytree(campaign, store)
@@ -134,7 +142,7 @@ def test_a_corrupt_document_on_resume_is_one_line(
     else:
         path.write_text(content)
     started = time.monotonic()
-    done = _resume(store)
+    done = _resume(store, base)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: cannot resume campaign") and needle in lines[0], lines

@@ -2,7 +2,9 @@
 
 Covers: the --json report and its fields, the best build running again by id through
 ``polymorph experiment``, resume after SIGKILL mid-campaign without repeating an
-experiment, and one-sentence errors for bad flags.
+experiment, and one-sentence errors for bad flags. The campaigns search the reference build less
+its torch.compile values (``support.builds.eager_reference_build``): what these tests hold does
+not depend on the candidates, and inductor compiling them would be most of their CPU time.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from polymorph.contract.store import open_store
+from support.builds import eager_reference_build
 
 POLYMORPH = [sys.executable, "-m", "polymorph.cli"]
 
@@ -50,7 +53,8 @@ def _ledger_builds(store: Path) -> list[tuple[str, str | None, bool]]:
 @pytest.mark.slow
 def test_compile_json_report_and_the_best_build_runs_again_by_id(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    proc = _compile(store, "--max-experiments", "5", "--campaign", "cli")
+    base = eager_reference_build(tmp_path / "base")
+    proc = _compile(store, "--max-experiments", "5", "--campaign", "cli", "--base-build", str(base))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["state"] in ("improved", "noImprovement")
@@ -95,7 +99,8 @@ def test_compile_json_report_and_the_best_build_runs_again_by_id(tmp_path: Path)
 @pytest.mark.slow
 def test_resume_after_kill_repeats_nothing(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    flags = ["--max-experiments", "6", "--campaign", "kill"]
+    base = eager_reference_build(tmp_path / "base")
+    flags = ["--max-experiments", "6", "--campaign", "kill", "--base-build", str(base)]
     cmd = [*POLYMORPH, "compile", "--store", str(store), "--json", "--repeats", "3", *flags]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), start_new_session=True
