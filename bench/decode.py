@@ -74,19 +74,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
 from polymorph.contract.errors import BuildError, UsageError
-from polymorph_engine.runtime.checkpoint import load_model
-from polymorph_engine.runtime.config import SHAPES, parse_dtype
-from polymorph_engine.runtime.hotreload import build_id_of
-from polymorph_engine.runtime.loader import load_hotpath
-from polymorph_engine.runtime.model import rope_inv_freq
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hot_vs_cold import copy_bandwidth, decode_bytes_per_step  # a sibling script
 
 ENGINES = ("polymorph-reference", "polymorph", "compiled-peer", "hf-eager", "hf-compiled")
 COMPILED = {"compiled-peer", "hf-compiled"}
@@ -150,6 +139,79 @@ def parse_knobs(text: str) -> dict[str, Any]:
         out[name.strip()] = value
     return out
 
+
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag} must be comma-separated positive integers, e.g. 1,8,32; got {text!r}")
+    return values
+
+
+def _lengths(args: argparse.Namespace) -> list[int]:
+    return _ints("--prefill-lengths", args.prefill_lengths) if args.prefill_lengths.strip() else []
+
+
+def _workload(args: argparse.Namespace) -> Any:
+    """The ``--workload`` (None without one); fills ``--prefill-lengths`` with its sampled lengths when not given."""
+    if not args.workload:
+        return None
+    from polymorph.contract.steps import plan
+    from polymorph.contract.workload import read_workload
+
+    try:
+        workload = read_workload(args.workload)[0]
+    except UsageError as exc:
+        raise SystemExit(f"--workload: {exc}") from None
+    if not args.prefill_lengths.strip():
+        args.prefill_lengths = ",".join(str(n) for n in plan(workload).prefill_lengths)
+    return workload
+
+
+def _check_flags(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
+    """One line naming the flag for each bad value that takes no torch to judge; the batches and
+    each compiled engine's batches. Run before torch loads when this is a script, so a typo is
+    answered at once (``_check`` judges the rest: the device, the models, the dtype)."""
+    bad = [e for e in args.engines.split(",") if e not in ENGINES]
+    if bad or not args.engines:
+        raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
+    batches = _ints("--batches", args.batches)
+    _workload(args)
+    _lengths(args)
+    compiled_batches = {
+        "compiled-peer": set(_ints("--compiled-batches", args.compiled_batches)),
+        "hf-compiled": set(_ints("--hf-batches", args.hf_batches)),
+    }
+    for flag in ("prompt", "steps"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag} must be a positive integer; got {getattr(args, flag)}")
+    if args.warmup < 0:
+        raise SystemExit(f"--warmup must be >= 0; got {args.warmup}")
+    spec = read_build(REFERENCE_BUILD)
+    for text in (t for t in args.knobs.split(";") if t.strip()):
+        try:
+            resolve_knobs(spec, parse_knobs(text))
+        except BuildError as exc:
+            raise SystemExit(f"--knobs {text!r}: {exc}") from None
+    return batches, compiled_batches
+
+
+if __name__ == "__main__":  # a bad flag is answered before torch loads (seconds), then main checks the rest
+    _check_flags(_parser().parse_args())
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from polymorph_engine.runtime.checkpoint import load_model  # noqa: E402
+from polymorph_engine.runtime.config import SHAPES, parse_dtype  # noqa: E402
+from polymorph_engine.runtime.hotreload import build_id_of  # noqa: E402
+from polymorph_engine.runtime.loader import load_hotpath  # noqa: E402
+from polymorph_engine.runtime.model import rope_inv_freq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hot_vs_cold import copy_bandwidth, decode_bytes_per_step  # noqa: E402  (a sibling script)
 
 # --- timing ----------------------------------------------------------------------------------
 
@@ -717,36 +779,6 @@ def _freed() -> Iterator[None]:
         torch._dynamo.reset()
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise SystemExit(f"{flag} must be comma-separated positive integers, e.g. 1,8,32; got {text!r}")
-    return values
-
-
-def _lengths(args: argparse.Namespace) -> list[int]:
-    return _ints("--prefill-lengths", args.prefill_lengths) if args.prefill_lengths.strip() else []
-
-
-def _workload(args: argparse.Namespace) -> Any:
-    """The ``--workload`` (None without one); fills ``--prefill-lengths`` with its sampled lengths when not given."""
-    if not args.workload:
-        return None
-    from polymorph.contract.steps import plan
-    from polymorph.contract.workload import read_workload
-
-    try:
-        workload = read_workload(args.workload)[0]
-    except UsageError as exc:
-        raise SystemExit(f"--workload: {exc}") from None
-    if not args.prefill_lengths.strip():
-        args.prefill_lengths = ",".join(str(n) for n in plan(workload).prefill_lengths)
-    return workload
-
-
 def shape_tok_s(workload: Any, row: dict[str, Any]) -> float | None:
     """``row``'s output tok/s on ``workload`` composed from its timings (see the module docstring)."""
     from polymorph.contract.steps import piecewise, simulate
@@ -760,8 +792,8 @@ def shape_tok_s(workload: Any, row: dict[str, Any]) -> float | None:
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
-    """One line naming the flag for each bad value, before any model is built; the batches and
-    each compiled engine's batches."""
+    """One line naming the flag for each bad value, before any model is built (``_check_flags``,
+    then the device, the models and the dtype); the batches and each compiled engine's batches."""
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             "--device cuda: no CUDA device is visible (--device cpu runs a smoke test of the script)"
@@ -769,32 +801,11 @@ def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int]]]:
     unknown = [m for m in args.models.split(",") if m not in SHAPES]
     if unknown or not args.models:
         raise SystemExit(f"--models must name shapes from {', '.join(sorted(SHAPES))}; got {args.models!r}")
-    bad = [e for e in args.engines.split(",") if e not in ENGINES]
-    if bad or not args.engines:
-        raise SystemExit(f"--engines must be comma-separated from {', '.join(ENGINES)}; got {args.engines!r}")
-    batches = _ints("--batches", args.batches)
-    _workload(args)
-    _lengths(args)
-    compiled_batches = {
-        "compiled-peer": set(_ints("--compiled-batches", args.compiled_batches)),
-        "hf-compiled": set(_ints("--hf-batches", args.hf_batches)),
-    }
-    for flag in ("prompt", "steps"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag} must be a positive integer; got {getattr(args, flag)}")
-    if args.warmup < 0:
-        raise SystemExit(f"--warmup must be >= 0; got {args.warmup}")
     try:
         parse_dtype(args.dtype)
     except UsageError as exc:
         raise SystemExit(f"--{exc}") from None
-    spec = read_build(REFERENCE_BUILD)
-    for text in (t for t in args.knobs.split(";") if t.strip()):
-        try:
-            resolve_knobs(spec, parse_knobs(text))
-        except BuildError as exc:
-            raise SystemExit(f"--knobs {text!r}: {exc}") from None
-    return batches, compiled_batches
+    return _check_flags(args)
 
 
 def main(argv: list[str] | None = None) -> int:

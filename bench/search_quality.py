@@ -292,6 +292,32 @@ def _sweep(
     }
 
 
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
+    """What a result records besides its measurements: the run, the device, the versions."""
+    import torch
+
+    return {
+        "benchmark": "search-quality",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": {
+            "type": torch.device(args.device).type,
+            "name": torch.cuda.get_device_name(0)
+            if torch.cuda.is_available() and args.device.startswith("cuda")
+            else (platform.processor() or platform.machine()),
+            "cpus": os.cpu_count(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "polymorph": __version__,
+        },
+        "model": args.model,
+        "dtype": args.dtype,
+        "workload": args.workload or "the sample profile",
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
@@ -367,9 +393,7 @@ def main() -> int:
         workload = fit_workload(workload, **CAMPAIGN_CPU_SCALE)
     gates = Gates(minSpeedup=args.min_speedup)
     threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
-    # The engine (and torch) load only once every flag is known good: a bad one is answered at once.
-    import torch
-
+    # The engine loads only once every flag is known good: a bad one is answered at once.
     from polymorph_engine.experiment.settings import BenchSettings
     from polymorph_engine.experiment.supervisor import Supervisor
 
@@ -385,32 +409,14 @@ def main() -> int:
         threads=threads,
     )
     started = time.monotonic()
-    meta: dict[str, Any] = {
-        "benchmark": "search-quality",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": {
-            "type": torch.device(args.device).type,
-            "name": torch.cuda.get_device_name(0)
-            if torch.cuda.is_available() and args.device.startswith("cuda")
-            else (platform.processor() or platform.machine()),
-            "cpus": os.cpu_count(),
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "polymorph": __version__,
-        },
-        "model": args.model,
-        "dtype": args.dtype,
-        "workload": args.workload or "the sample profile",
-    }
 
     def write(doc: dict[str, Any]) -> None:
         if args.out is not None:
             args.out.write_text(json.dumps(doc, indent=2) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="polymorph-search-quality-") as tmp, supervisor:
+        # Once the worker is up: a bad --model, --device or --dtype is its one line, torch never loaded here.
+        meta = _meta(args)
         work = Path(tmp)
         start_s = supervisor.stats.load_seconds[0]
         baseline = supervisor.run(REFERENCE_BUILD, description="baseline")
