@@ -50,7 +50,11 @@ def group(request: pytest.FixtureRequest) -> Iterator[LoadedModel]:
     model.shard.leader.close()
 
 
-KNOBS = [{}, {"kv_cache": "static", "fused_qkv": True, "fused_gate_up": True, "attention": "sdpa"}]
+KNOBS = [
+    {},
+    {"kv_cache": "static", "fused_qkv": True, "fused_gate_up": True, "attention": "sdpa"},
+    {"kv_cache": "static", "decode_step": "fused", "sampling": "device"},
+]
 
 
 @pytest.mark.parametrize("group", ["tiny", "qwen3-moe-tiny"], indirect=True)
@@ -75,8 +79,12 @@ def test_the_engine_swaps_builds_on_every_rank(group: LoadedModel) -> None:
 
 
 def test_a_refusal_every_rank_shares_leaves_the_group_usable(group: LoadedModel) -> None:
-    with pytest.raises(ValueError, match=r"decode_step = fused does not run tensor parallel yet"):
-        load_hotpath(group, REFERENCE_BUILD, {"kv_cache": "static", "decode_step": "fused"})
+    with pytest.raises(
+        ValueError, match=r"decode_step = fused with kernels = compile does not run tensor parallel yet"
+    ):
+        load_hotpath(
+            group, REFERENCE_BUILD, {"kv_cache": "static", "decode_step": "fused", "kernels": "compile"}
+        )
     hotpath, _, _ = load_hotpath(group, REFERENCE_BUILD)
     assert len(greedy(hotpath, steps=2)[0]) == 3
 

@@ -16,6 +16,12 @@ The fused step always uses fused q/k/v and gate/up weights (built once at load).
 layer runs ``_moe_layer``: the same attention, then the MLP norm and the layer's ``moe.Moe`` with
 the residual add; which of the two each layer runs is chosen once, at load. It knows nothing
 about prefill, scheduling or sampling.
+
+Tensor parallel (``reduce``, a rank's all-reduce): each rank holds its heads and its share of
+the MLP's (or each expert's) width, so the output projection and the down projection (or the MoE
+block) give partial sums; each is all-reduced before its residual add, as ``model.py``'s
+``out_sharded`` does, and the adds the kernels would fuse into those projections happen after the
+reduce instead. The step then runs uncaptured: its all-reduces are not captured into CUDA graphs.
 Shapes: B = rows (a bucket), H = hidden, I = intermediate, V = vocab, D = head dim.
 """
 
@@ -82,7 +88,9 @@ class FusedDecoder:
         residual: str = "projection",
         moe_routing: str = "plain",
         moe_experts: str = "loop",
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        self.reduce = reduce
         self.shape = Shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
         )
@@ -119,7 +127,7 @@ class FusedDecoder:
         self._deferred_fns = [
             self._layer_deferred if lw.moe is None else self._moe_layer_deferred for lw in self.layers
         ]
-        self.capture = device.type == "cuda"
+        self.capture = device.type == "cuda" and reduce is None
 
     def _layer(
         self,
@@ -134,6 +142,8 @@ class FusedDecoder:
         assert lw.gate_up_proj is not None and lw.down_proj is not None
         x = self._attention(x, lw, kc, vc, slots, lengths)
         gu = self.ops.norm_linear(x, lw.mlp_norm, lw.gate_up_proj, None)  # [B, 2I]
+        if self.reduce is not None:
+            return x + self.reduce(self.ops.silu_linear(gu, lw.down_proj))
         return self.ops.silu_linear_residual(gu, lw.down_proj, x)
 
     def _attention(
@@ -151,6 +161,8 @@ class FusedDecoder:
         qkv = ops.norm_linear(x, lw.attn_norm, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
         q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
         attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
+        if self.reduce is not None:
+            return x + self.reduce(ops.linear(attn, lw.o_proj, lw.o_bias))
         return ops.linear_residual(attn, lw.o_proj, lw.o_bias, x)
 
     def _moe_layer(
@@ -165,7 +177,7 @@ class FusedDecoder:
         """``_layer`` of a sparse layer: the same attention, then x + moe(rms_norm(x))."""
         assert lw.moe is not None
         x = self._attention(x, lw, kc, vc, slots, lengths)
-        return x + lw.moe(self.ops.add_norm(x, None, lw.mlp_norm)[1])
+        return x + self._reduced(lw.moe(self.ops.add_norm(x, None, lw.mlp_norm)[1]))
 
     def _moe_layer_deferred(
         self,
@@ -180,7 +192,7 @@ class FusedDecoder:
         """``_layer_deferred`` of a sparse layer: the MoE block's output is the deferred add."""
         assert lw.moe is not None
         x, h = self._attention_deferred(x, y, lw, kc, vc, slots, lengths)
-        return x, lw.moe(h)
+        return x, self._reduced(lw.moe(h))
 
     def _layer_deferred(
         self,
@@ -197,7 +209,7 @@ class FusedDecoder:
         assert lw.gate_up_proj is not None and lw.down_proj is not None
         x, h = self._attention_deferred(x, y, lw, kc, vc, slots, lengths)
         gu = self.ops.linear(h, lw.gate_up_proj, None)  # [B, 2I]
-        return x, self.ops.silu_linear(gu, lw.down_proj)
+        return x, self._reduced(self.ops.silu_linear(gu, lw.down_proj))
 
     def _attention_deferred(
         self,
@@ -217,7 +229,11 @@ class FusedDecoder:
         qkv = ops.linear(h, lw.qkv_proj, lw.qkv_bias)  # [B, (nh+2nkv)*D]
         q = ops.rope_store(qkv, kc, vc, slots, lengths, self.inv_freq, lw.q_norm, lw.k_norm)  # [B, nh, D]
         attn = ops.attend(q, kc, vc, slots, lengths)  # [B, nh*D]
-        return ops.add_norm(x, ops.linear(attn, lw.o_proj, lw.o_bias), lw.mlp_norm)
+        return ops.add_norm(x, self._reduced(ops.linear(attn, lw.o_proj, lw.o_bias)), lw.mlp_norm)
+
+    def _reduced(self, partial: torch.Tensor) -> torch.Tensor:
+        """A rank's partial sum all-reduced (tensor parallel), or ``partial`` as it is."""
+        return partial if self.reduce is None else self.reduce(partial)
 
     def step(self, cache: StaticCache, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """slots, tokens [B] on the device -> float32 logits [B, V]; advances ``cache.lengths``

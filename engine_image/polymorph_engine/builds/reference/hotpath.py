@@ -134,6 +134,7 @@ class ReferenceHotPath:
                 residual=knobs["residual"],
                 moe_routing=knobs["moe_routing"],
                 moe_experts=knobs["moe_experts"],
+                reduce=model.shard.all_reduce if model.shard is not None and model.shard.world > 1 else None,
             )
         self._compiled = (
             torch.compile(self._static_step_full, dynamic=False) if self.capture == "compile" else None
@@ -385,12 +386,13 @@ def knob_values(knobs: Mapping[str, object]) -> dict[str, Any]:
 
 
 def refuse_parallel(knobs: Mapping[str, Any], capture: str, device: torch.device) -> None:
-    """Refuse, in one sentence, the variants that do not run tensor parallel yet: the fused step
-    and captured or compiled steps (their all-reduces would have to be captured too), and on CUDA
-    bucketed prefill (a captured graph per bucket)."""
+    """Refuse, in one sentence, the variants that do not run tensor parallel yet: compiled steps
+    (an all-reduce inside a torch.compile graph), and on CUDA the captured ones (captured decode
+    steps and bucketed prefill: their all-reduces would be captured into CUDA graphs, which no
+    multi-GPU run has checked yet). The fused step runs, uncaptured (fused.py)."""
     refused = []
-    if knobs["decode_step"] == "fused":
-        refused.append("decode_step = fused")
+    if knobs["decode_step"] == "fused" and knobs["kernels"] == "compile":
+        refused.append("decode_step = fused with kernels = compile")
     if capture != "none":
         refused.append(f"decode_capture = {capture}")
     if knobs["prefill"] == "bucketed" and device.type == "cuda":
@@ -399,7 +401,7 @@ def refuse_parallel(knobs: Mapping[str, Any], capture: str, device: torch.device
         verb = "does" if len(refused) == 1 else "do"
         raise ValueError(
             f"{' and '.join(refused)} {verb} not run tensor parallel yet (--tensor-parallel > 1): "
-            "the layered, uncaptured step does (docs/tensor-parallel.md)."
+            "the uncaptured steps do, layered or fused (docs/tensor-parallel.md)."
         )
 
 
