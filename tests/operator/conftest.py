@@ -1,51 +1,99 @@
-"""Fixtures of the operator's integration tests: the real control plane (``control_plane``, session;
-``real_cluster``, one per test, with the CRDs), the operator process on it (``real_operator``), a
-node agent whose pods are stand-ins (``real_kubelet``: engines report ready, sandboxes finish on
-``sandboxes_done``), a real Prometheus and the fake engine endpoints it scrapes (``engines``)."""
+"""Fixtures of the operator's integration tests: the real control plane (``control_plane``, one per
+worker process, with the CRDs), a fresh namespace on it for each test (``ns``) and the admin's
+client scoped to it (``real_cluster``), the operator process watching that namespace
+(``real_operator``), a node agent whose pods are stand-ins (``real_kubelet``: engines report
+ready, sandboxes finish on ``sandboxes_done``), a real Prometheus and the fake engine endpoints it
+scrapes (``engines``).
+
+The tests share the control plane and are kept apart by their namespaces: what a test made stays
+in its own (kopf's finalizers keep its ModelDeployments and CompileJobs there once the operator
+stops, and no operator watches that namespace again), except the workloads, which ``ns`` deletes
+on the way out so that no controller keeps making pods for a later test's node. A test that
+changes cluster-scoped state (a CRD) puts it back itself."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import NS, REPO, Api, FakeEngine, OperatorProcess
+from operator_harness import GROUP, REPO, Api, FakeEngine, OperatorProcess
 
-from support.control_plane import ControlPlane, control_plane
+from support.control_plane import ControlPlane
 from support.node_agent import NodeAgent
 from support.prometheus import PrometheusServer, prometheus
 from support.waiting import wait_for
 
-__all__ = ["control_plane", "prometheus"]
+__all__ = ["prometheus"]
+
+_NAMESPACES = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (``support.control_plane``, about 5 s to start) for every test here in
+    this worker process, with the project's CRDs (created before the controller manager starts, so
+    its garbage collector knows them from the start). It replaces ``support.control_plane``'s
+    fixture of that name in this directory: the start-up tests use it as it is."""
+    crds = sorted((REPO / "crds").glob("*.yaml"))
+    with ControlPlane(tmp_path_factory.mktemp("control-plane"), crds=crds) as running:
+        yield running
 
 
 @pytest.fixture
-def real_cluster(tmp_path: Path) -> Iterator[tuple[ControlPlane, Api, Path]]:
-    """A fresh real control plane (``support.control_plane``, about 5 s) with the project's CRDs and
-    the ``inference`` namespace: (control plane, api as the admin, the admin's kubeconfig). One per
-    test: kopf's finalizers would keep a shared namespace from being deleted once the operator stops."""
-    with ControlPlane(tmp_path / "control-plane", crds=sorted((REPO / "crds").glob("*.yaml"))) as running:
-        api = Api(running.url, running.api(timeout=10))
-        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        wait_for(
-            "the default service account", lambda: api.get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")
+def ns(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace (``inference-<n>``) with its default service account, for this test alone.
+    On the way out, its Deployments, ReplicaSets, Jobs, Pods, Services, ModelDeployments and
+    CompileJobs are deleted (the namespace stays): the Deployment, ReplicaSet and Job controllers
+    would otherwise keep making pods that the scheduler binds to a later test's node, and a
+    Service holds one of the few ClusterIPs. Objects that carry kopf's finalizers stay, marked for
+    deletion, as no operator watches this namespace any more; nothing needs them gone."""
+    name = f"inference-{next(_NAMESPACES)}"
+    with control_plane.api(timeout=30) as client:
+        api = Api(control_plane.url, client, ns=name)
+        api.create(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         )
-        yield running, api, running.kubeconfig
-        api.client.close()
+        account = f"/api/v1/namespaces/{name}/serviceaccounts/default"
+        wait_for("the default service account", lambda: api.get(account))
+        yield name
+        background = "?propagationPolicy=Background"
+        for collection in (  # the owners first, so that none makes a pod again
+            f"/apis/apps/v1/namespaces/{name}/deployments{background}",
+            f"/apis/apps/v1/namespaces/{name}/replicasets{background}",
+            f"/apis/batch/v1/namespaces/{name}/jobs{background}",
+            f"/api/v1/namespaces/{name}/pods?gracePeriodSeconds=0",
+            f"{GROUP}/namespaces/{name}/modeldeployments{background}",
+            f"{GROUP}/namespaces/{name}/compilejobs{background}",
+        ):
+            api.delete(collection)
+        for service in api.items(f"/api/v1/namespaces/{name}/services"):
+            api.delete(f"/api/v1/namespaces/{name}/services/{service['metadata']['name']}")
+
+
+@pytest.fixture
+def real_cluster(control_plane: ControlPlane, ns: str) -> Iterator[tuple[ControlPlane, Api, Path]]:
+    """(the shared control plane, api as the admin in ``ns``, the admin's kubeconfig)."""
+    api = Api(control_plane.url, control_plane.api(timeout=10), ns=ns)
+    yield control_plane, api, control_plane.kubeconfig
+    api.client.close()
 
 
 @pytest.fixture
 def real_operator(
-    real_cluster: tuple[ControlPlane, Api, Path], prometheus: PrometheusServer, tmp_path: Path
+    real_cluster: tuple[ControlPlane, Api, Path], ns: str, prometheus: PrometheusServer, tmp_path: Path
 ) -> Iterator[Callable[..., OperatorProcess]]:
-    """``real_operator(**flags)``: the operator process against the real control plane, as its admin
-    (or as ``kubeconfig=`` says, e.g. ``ControlPlane.user_kubeconfig``, an admin of its own name)."""
+    """``real_operator(**flags)``: the operator process against the real control plane, watching
+    ``ns``, as its admin (or as ``kubeconfig=`` says, e.g. ``ControlPlane.user_kubeconfig``, an
+    admin of its own name)."""
     started: list[OperatorProcess] = []
     (tmp_path / "store").mkdir()
 
     def start(kubeconfig: Path | None = None, **flags: Any) -> OperatorProcess:
+        flags.setdefault("namespace", ns)
         log = tmp_path / f"operator-{flags.get('pod_id') or 'standalone'}.log"
         proc = OperatorProcess(kubeconfig or real_cluster[2], prometheus.url, tmp_path / "store", log,
                                env={"PYTHONPATH": str(REPO / "tests")}, **flags)  # fmt: skip
@@ -99,26 +147,28 @@ def sandboxes_done(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def real_kubelet(
-    real_cluster: tuple[ControlPlane, Api, Path], tmp_path: Path, sandboxes_done: Path
+    real_cluster: tuple[ControlPlane, Api, Path], ns: str, tmp_path: Path, sandboxes_done: Path
 ) -> Iterator[NodeAgent]:
     """A node agent on the real control plane whose containers are stand-ins: the real Deployment
     and ReplicaSet controllers then report the operator's Deployments ready, and the real Job
-    controller completes a sandbox Job once ``sandboxes_done`` exists."""
-    agent = NodeAgent(real_cluster[0].node_kubeconfig("node-1"), "node-1", tmp_path / "node",
+    controller completes a sandbox Job once ``sandboxes_done`` exists. Its node (``node-<ns>``, a
+    name no other test's node had) is removed afterwards, with the pods still bound to it."""
+    node = f"node-{ns}"
+    agent = NodeAgent(real_cluster[0].node_kubeconfig(node), node, tmp_path / "node",
                       stand_in=_stand_in(sandboxes_done)).start()  # fmt: skip
     yield agent
     agent.close()
-    real_cluster[0].remove_node("node-1")
+    real_cluster[0].remove_node(node)
 
 
 @pytest.fixture
-def engines(prometheus: PrometheusServer) -> Iterator[Callable[..., FakeEngine]]:
-    """``engines(md, track, build)``: a fake engine pod scraped by Prometheus with ``namespace=inference``."""
+def engines(prometheus: PrometheusServer, ns: str) -> Iterator[Callable[..., FakeEngine]]:
+    """``engines(md, track, build)``: a fake engine pod scraped by Prometheus with ``namespace=<ns>``."""
     made: list[FakeEngine] = []
 
     def make(md: str, track: str, build: str) -> FakeEngine:
         engine = FakeEngine(md, track, build)
-        prometheus.add_target(engine.address, namespace=NS)
+        prometheus.add_target(engine.address, namespace=ns)
         made.append(engine)
         return engine
 

@@ -1,7 +1,10 @@
 """What the operator's integration tests stand on: the real operator process, an API client and fake
 engines.
 
-- ``Api``: the admin's client of the real control plane (plain HTTP verbs, nothing in between).
+- ``Api``: the admin's client of the real control plane (plain HTTP verbs, nothing in between);
+  its shortcuts (``md``, ``deployment``, ``events``, ``compilejobs``) read the test's namespace.
+- ``NS``: the namespace that the tests without a control plane put in their objects and flags;
+  each test on the control plane has a fresh namespace of its own instead (the ``ns`` fixture).
 - ``OperatorProcess`` (``support.operator_process``, shared with the e2e harness): ``polymorph
   operator`` with short intervals; ``kill()`` sends SIGKILL, ``start()`` starts it again; its
   JSON log lines are kept in a file.
@@ -40,10 +43,12 @@ GROUP = "/apis/polymorph.dev/v1alpha1"
 
 
 class Api:
-    """A few verbs over the API server's REST API, through ``client`` (or a plain one for ``url``)."""
+    """A few verbs over the API server's REST API, through ``client`` (or a plain one for ``url``);
+    the shortcuts read namespace ``ns``."""
 
-    def __init__(self, url: str, client: httpx.Client | None = None) -> None:
+    def __init__(self, url: str, client: httpx.Client | None = None, *, ns: str) -> None:
         self.client = client or httpx.Client(base_url=url, timeout=10)
+        self.ns = ns
 
     def get(self, path: str) -> dict[str, Any] | None:
         r = self.client.get(path)
@@ -74,17 +79,17 @@ class Api:
         assert r.status_code in (200, 202, 404), r.text
 
     def md(self, name: str) -> dict[str, Any] | None:
-        return self.get(f"{GROUP}/namespaces/{NS}/modeldeployments/{name}")
+        return self.get(f"{GROUP}/namespaces/{self.ns}/modeldeployments/{name}")
 
     def deployment(self, name: str) -> dict[str, Any] | None:
-        return self.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{name}")
+        return self.get(f"/apis/apps/v1/namespaces/{self.ns}/deployments/{name}")
 
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
-        items = self.items(f"/api/v1/namespaces/{NS}/events")
+        items = self.items(f"/api/v1/namespaces/{self.ns}/events")
         return [e for e in items if reason is None or e.get("reason") == reason]
 
     def compilejobs(self) -> list[dict[str, Any]]:
-        return self.items(f"{GROUP}/namespaces/{NS}/compilejobs")
+        return self.items(f"{GROUP}/namespaces/{self.ns}/compilejobs")
 
 
 class FakeEngine:

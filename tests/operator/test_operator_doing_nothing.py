@@ -162,18 +162,19 @@ def test_a_good_image_is_taken(image: str) -> None:
 
 
 def test_unschedulable_sandbox_pods_make_the_compilejob_pending(
-    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Any
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Any, ns: str
 ) -> None:
-    """No node is registered: the scheduler marks the sandbox pods Unschedulable, and the CompileJob
-    says Pending and why, not 'Running, 1 sandbox(es) running'."""
+    """No node is registered (a test's node agent leaves with its node): the scheduler marks the
+    sandbox pods Unschedulable, and the CompileJob says Pending and why, not 'Running, 1
+    sandbox(es) running'."""
     _, api, kubeconfig = real_cluster
     real_operator()
     doc = yaml.safe_load((REPO / "crds" / "examples" / "compilejob-standalone.yaml").read_text())
-    doc["metadata"] = {"name": "stuck", "namespace": NS}
-    api.create(f"{GROUP}/namespaces/{NS}/compilejobs", doc)
+    doc["metadata"] = {"name": "stuck", "namespace": ns}
+    api.create(f"{GROUP}/namespaces/{ns}/compilejobs", doc)
 
     def pending() -> dict[str, Any] | None:
-        cj = api.get(f"{GROUP}/namespaces/{NS}/compilejobs/stuck") or {}
+        cj = api.get(f"{GROUP}/namespaces/{ns}/compilejobs/stuck") or {}
         status = cj.get("status") or {}
         return (
             status
@@ -185,10 +186,10 @@ def test_unschedulable_sandbox_pods_make_the_compilejob_pending(
     assert "sandbox pod(s) pending (Unschedulable:" in status["message"], status
     running = next(c for c in status["conditions"] if c["type"] == "Running")
     assert running["status"] == "False" and running["reason"] == "Unschedulable", running
-    assert api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/stuck") is not None
+    assert api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/stuck") is not None
     # kubectl polymorph get cj says the same, not "Running, 1 sandbox(es) running"
     plugin = Path(sys.executable).parent / "kubectl-polymorph"
-    args = [str(plugin), "get", "cj", "stuck", "-n", NS, "--kubeconfig", str(kubeconfig)]
+    args = [str(plugin), "get", "cj", "stuck", "-n", ns, "--kubeconfig", str(kubeconfig)]
     shown = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "Pending" in shown.stdout and "Unschedulable" in shown.stdout, shown.stdout
@@ -196,13 +197,15 @@ def test_unschedulable_sandbox_pods_make_the_compilejob_pending(
 
 
 def test_peering_without_its_crd_is_a_warning_and_an_unhealthy_healthz(
-    real_cluster: tuple[ControlPlane, Api, Path], prometheus: PrometheusServer, tmp_path: Path
+    real_cluster: tuple[ControlPlane, Api, Path], prometheus: PrometheusServer, tmp_path: Path, ns: str
 ) -> None:
-    """real_cluster serves the project's CRDs only: kopf would pause every watch, silently."""
+    """real_cluster serves the project's CRDs only: kopf would pause every watch, silently. The
+    peering CRD this test creates is deleted again: the other tests share the control plane."""
     _, api, kubeconfig = real_cluster
     (tmp_path / "store").mkdir()
     log = tmp_path / "operator.log"
-    proc = OperatorProcess(kubeconfig, prometheus.url, tmp_path / "store", log, standalone=False, pod_id="a")
+    proc = OperatorProcess(kubeconfig, prometheus.url, tmp_path / "store", log, namespace=ns,
+                           standalone=False, pod_id="a")  # fmt: skip
     with log.open("ab") as out:
         proc.proc = subprocess.Popen(proc.args, stdout=out, stderr=out, env=proc.env, cwd=REPO)
     try:
@@ -216,17 +219,23 @@ def test_peering_without_its_crd_is_a_warning_and_an_unhealthy_healthz(
         assert "kopfpeerings.kopf.dev" in paused[0]["reason"] and "--standalone" in paused[0]["reason"]
         # The CRD served: healthy again (kopf's probe results are cached for 10 s).
         crd = _peering_crd()
-        api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        api.create(PEERING_CRDS, crd)
         wait_for("/healthz 200", lambda: (probes.get(proc.health_port, "/healthz", timeout=2) or (0,))[0] == 200, timeout=40)  # fmt: skip
     finally:
         proc.stop()
+        api.delete(f"{PEERING_CRDS}/{PEERING_CRD}")  # with the KopfPeering objects the operator made
+        wait_for("the peering CRD gone", lambda: api.get(f"{PEERING_CRDS}/{PEERING_CRD}") is None, timeout=60)
+
+
+PEERING_CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+PEERING_CRD = "kopfpeerings.kopf.dev"
 
 
 def _peering_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "kopfpeerings.kopf.dev"},
+        "metadata": {"name": PEERING_CRD},
         "spec": {
             "scope": "Namespaced",
             "group": "kopf.dev",

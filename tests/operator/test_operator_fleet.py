@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import GROUP, NS, REPO, Api
+from operator_harness import GROUP, REPO, Api
 
 from polymorph.clients.kube import KubeClient, load_configuration
 from polymorph.clients.prometheus import CountingQuery, PrometheusUnavailable
@@ -38,22 +38,22 @@ SHORT = {
 }
 
 
-def body(i: int, window: str) -> dict[str, Any]:
+def body(ns: str, i: int, window: str) -> dict[str, Any]:
     return {
         "apiVersion": "polymorph.dev/v1alpha1",
         "kind": "ModelDeployment",
-        "metadata": {"name": f"md-{i:03d}", "namespace": NS},
+        "metadata": {"name": f"md-{i:03d}", "namespace": ns},
         "spec": {"model": {"uri": "tiny"}, "hardware": {"accelerator": "cpu"},
                  "recompile": {"window": window, "minRequests": 10, "cooldown": "6h"}},
     }  # fmt: skip
 
 
-def answers(drifted: set[str], names: list[str], asked: list[str]) -> Any:
+def answers(ns: str, drifted: set[str], names: list[str], asked: list[str]) -> Any:
     def query(promql: str) -> list[Series]:
         asked.append(promql)
         out: list[Series] = []
         for name in names:
-            labels = {"namespace": NS, "model_deployment": name}
+            labels = {"namespace": ns, "model_deployment": name}
             if "prompt_tokens_bucket" in promql:
                 le = 4096.0 if name in drifted else 64.0
                 out += [({**labels, "le": str(le)}, 100.0), ({**labels, "le": "+Inf"}, 100.0)]
@@ -68,23 +68,25 @@ def answers(drifted: set[str], names: list[str], asked: list[str]) -> Any:
 
 @pytest.fixture
 def fleet(
-    real_cluster: tuple[ControlPlane, Api, Path], tmp_path: Path
+    real_cluster: tuple[ControlPlane, Api, Path], ns: str
 ) -> tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]]:
     _, api, _ = real_cluster
     index: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for i in range(500):
-        created = api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", body(i, "1m" if i % 2 else "5m"))
+        created = api.create(
+            f"{GROUP}/namespaces/{ns}/modeldeployments", body(ns, i, "1m" if i % 2 else "5m")
+        )
         tuned = {"activeBuild": {"id": "reference", "profile": SHORT}}
         created = api.patch(
-            f"{GROUP}/namespaces/{NS}/modeldeployments/{created['metadata']['name']}/status",
+            f"{GROUP}/namespaces/{ns}/modeldeployments/{created['metadata']['name']}/status",
             {"status": tuned},
         )
-        index[(NS, created["metadata"]["name"])] = [created]
+        index[(ns, created["metadata"]["name"])] = [created]
     return api, index
 
 
-def context(kubeconfig: Path, query: Any, tmp_path: Path) -> Context:
-    config = OperatorConfig(namespaces=(NS,), all_namespaces=False, prometheus_url="http://unused", store=str(tmp_path),
+def context(kubeconfig: Path, ns: str, query: Any, tmp_path: Path) -> Context:
+    config = OperatorConfig(namespaces=(ns,), all_namespaces=False, prometheus_url="http://unused", store=str(tmp_path),
                             drift_interval_s=60, cluster=ClusterSettings(store=str(tmp_path)))  # fmt: skip
     metrics = OperatorMetrics()
     return Context(config=config, kube=KubeClient(load_configuration(str(kubeconfig))), query=CountingQuery(query, metrics.on_query),
@@ -95,6 +97,7 @@ def test_500_deployments_take_six_queries_for_two_windows(
     real_cluster: tuple[ControlPlane, Api, Path],
     fleet: tuple[Api, dict[tuple[str, str], list[dict[str, Any]]]],
     tmp_path: Path,
+    ns: str,
 ) -> None:
     api, index = fleet
     names = [key[1] for key in index]
@@ -103,7 +106,7 @@ def test_500_deployments_take_six_queries_for_two_windows(
     def down(_: str) -> list[Series]:
         raise PrometheusUnavailable("Prometheus at http://x is unreachable: ConnectionError")
 
-    ctx = context(real_cluster[2], down, tmp_path)
+    ctx = context(real_cluster[2], ns, down, tmp_path)
     report = asyncio.run(drift_cycle(ctx, index, {}))
     assert report.error is not None and report.queries == 1 and report.written == 0 and report.opened == 0
     assert ctx.health.prometheus_error is not None and api.compilejobs() == []
@@ -111,7 +114,7 @@ def test_500_deployments_take_six_queries_for_two_windows(
     # Prometheus answers: 3 profile queries per distinct window, whatever the fleet's size.
     drifted = set(names[:10])
     asked: list[str] = []
-    ctx = context(real_cluster[2], answers(drifted, names, asked), tmp_path)
+    ctx = context(real_cluster[2], ns, answers(ns, drifted, names, asked), tmp_path)
     report = asyncio.run(drift_cycle(ctx, index, {}))
     assert report.deployments == 500
     assert report.queries == 6 == len(asked)  # 3 profile queries x 2 distinct windows

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from documents import SLOW, figures
-from operator_harness import GROUP, NS, Api, FakeEngine, OperatorProcess, wait_for
+from operator_harness import GROUP, Api, FakeEngine, OperatorProcess, wait_for
 
 from polymorph.contract.store import S3Store, ledger_key
 from support.control_plane import ControlPlane
@@ -33,11 +33,11 @@ HEALTH = REPO / "resource_customizations" / "polymorph.dev"
 PLUGIN = Path(sys.executable).parent / "kubectl-polymorph"
 
 
-def deployment() -> dict[str, Any]:
+def deployment(ns: str) -> dict[str, Any]:
     return {
         "apiVersion": "polymorph.dev/v1alpha1",
         "kind": "ModelDeployment",
-        "metadata": {"name": "chat", "namespace": NS},
+        "metadata": {"name": "chat", "namespace": ns},
         "spec": {
             "model": {"uri": "tiny"},
             "hardware": {"accelerator": "cpu"},
@@ -54,10 +54,12 @@ def deployment() -> dict[str, Any]:
 
 
 class Plugin:
-    """``kubectl polymorph ...`` through the real kubectl binary, which finds the plugin on PATH."""
+    """``kubectl polymorph ...`` through the real kubectl binary, which finds the plugin on PATH;
+    ``view`` reads the deployment in ``ns``."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, ns: str) -> None:
         assert PLUGIN.is_file(), f"{PLUGIN} is missing: the kubectl-polymorph entry point is not installed"
+        self.ns = ns
         self.env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
@@ -73,7 +75,7 @@ class Plugin:
         return done
 
     def view(self) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self("get", "md", "chat", "-n", NS, "-o", "json").stdout)
+        result: dict[str, Any] = json.loads(self("get", "md", "chat", "-n", self.ns, "-o", "json").stdout)
         return result
 
 
@@ -138,10 +140,11 @@ def test_plugin_steers_a_manual_rollout(
     real_kubelet: NodeAgent,
     tmux: Callable[[str], str],
     tmp_path: Path,
+    ns: str,
 ) -> None:
     _, api, kubeconfig = real_cluster
     real_operator()
-    plugin = Plugin(kubeconfig)
+    plugin = Plugin(kubeconfig, ns)
     listed = subprocess.run(
         [str(kubectl()), "plugin", "list"], env=plugin.env, capture_output=True, text=True
     )
@@ -151,11 +154,11 @@ def test_plugin_steers_a_manual_rollout(
         engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
     for _ in range(2):
         engines("chat", "canary", SLOW).serve(prompt=64, generated=32, itl_s=0.04)  # fails analysis
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment())
+    api.create(f"{GROUP}/namespaces/{ns}/modeldeployments", deployment(ns))
     wait_for("the stable Deployment", lambda: api.deployment("chat"))
     candidate = {"id": SLOW, "uri": f"file:///store/{SLOW}", "figures": figures(130).model_dump()}
     api.patch(
-        f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status", {"status": {"candidateBuild": candidate}}
+        f"{GROUP}/namespaces/{ns}/modeldeployments/chat/status", {"status": {"candidateBuild": candidate}}
     )
 
     # Waiting for approval: Reconciling (kstatus InProgress), Suspended in Argo CD.
@@ -167,23 +170,23 @@ def test_plugin_steers_a_manual_rollout(
     assert verdicts(api) == ("InProgress", "Suspended")
 
     # Piped, `get` prints the plain tree: no escape codes.
-    text = plugin("get", "md", "chat", "-n", NS).stdout
+    text = plugin("get", "md", "chat", "-n", ns).stdout
     assert "\x1b[" not in text
-    assert f"ModelDeployment {NS}/chat" in text and "Candidate" in text and SLOW[:19] in text
+    assert f"ModelDeployment {ns}/chat" in text and "Candidate" in text and SLOW[:19] in text
     assert "waits for approval" in text
 
     # The watch screen through tmux: rich on a terminal, redrawn as the rollout moves.
     session = tmux(
-        f"env -u COLUMNS -u LINES KUBECONFIG={kubeconfig} PATH={plugin.env['PATH']} kubectl polymorph get md chat -n {NS} -w --interval 500ms"
+        f"env -u COLUMNS -u LINES KUBECONFIG={kubeconfig} PATH={plugin.env['PATH']} kubectl polymorph get md chat -n {ns} -w --interval 500ms"
     )
     wait_for("the watch screen", lambda: "Active build" in screen(session), timeout=20)
     assert "\x1b[" in screen(session, escapes=True)  # coloured: rich saw a terminal
     assert "└──" in screen(session) or "├──" in screen(session)
 
     # approve: printed, then applied; the canary starts.
-    done = plugin("approve", "chat", "-n", NS)
+    done = plugin("approve", "chat", "-n", ns)
     assert (
-        f"kubectl -n {NS} annotate modeldeployment chat polymorph.dev/approve={SLOW} --overwrite"
+        f"kubectl -n {ns} annotate modeldeployment chat polymorph.dev/approve={SLOW} --overwrite"
         in done.stdout
     )
     assert done.stdout.index("annotate") < done.stdout.index("applied")
@@ -200,35 +203,35 @@ def test_plugin_steers_a_manual_rollout(
     assert values["throughput"]["verdict"] == "Fail" and values["throughput"]["min"] == 0.98
     assert view["kstatus"] == "Failed"
     assert verdicts(api) == ("Failed", "Suspended")
-    text = plugin("get", "md", "chat", "-n", NS).stdout
+    text = plugin("get", "md", "chat", "-n", ns).stdout
     assert "throughput" in text and "threshold >= 0.98" in text and "Fail" in text
     (tmp_path / "watch-paused.txt").write_text(screen(session))
     wait_for("Paused on screen", lambda: "Paused" in screen(session) and "threshold >= 0.98" in screen(session), timeout=20)  # fmt: skip
 
     # retry: the approval was already set when it paused, so remove it, let the operator see that, set it again.
-    done = plugin("retry", "chat", "-n", NS)
+    done = plugin("retry", "chat", "-n", ns)
     assert "polymorph.dev/approve-" in done.stdout and f"polymorph.dev/approve={SLOW}" in done.stdout
     wait_for("Resumed", lambda: api.events("Resumed"), timeout=30)
 
     # abort: back to the stable build; Aborted reads Current / Healthy.
     wait_for("in progress", lambda: phase(api) in ("Progressing", "Paused"), timeout=10)
-    done = plugin("abort", "chat", "-n", NS)
+    done = plugin("abort", "chat", "-n", ns)
     assert "polymorph.dev/abort=true --overwrite" in done.stdout
     wait_for("Aborted", lambda: phase(api) == "Aborted", timeout=30)
     assert plugin.view()["rollout"]["phase"] == "Aborted"
     wait_for("Aborted on screen", lambda: "Aborted" in screen(session), timeout=20)
     assert verdicts(api) == ("Current", "Healthy")
-    assert plugin("abort", "chat", "-n", NS, ok=False).returncode == 2  # nothing to abort now
-    again = plugin("approve", "chat", "-n", NS, ok=False)  # the operator never rolls a build out twice
+    assert plugin("abort", "chat", "-n", ns, ok=False).returncode == 2  # nothing to abort now
+    again = plugin("approve", "chat", "-n", ns, ok=False)  # the operator never rolls a build out twice
     assert again.returncode == 2 and "already ran (Aborted)" in again.stderr, again.stderr
-    done = plugin("retry", "chat", "-n", NS, "--dry-run")
+    done = plugin("retry", "chat", "-n", ns, "--dry-run")
     assert "polymorph.dev/abort-" in done.stdout and "dry run" in done.stdout
     assert live(api)["metadata"]["annotations"].get("polymorph.dev/abort") == "true"
-    plugin("retry", "chat", "-n", NS)
+    plugin("retry", "chat", "-n", ns)
     assert "polymorph.dev/abort" not in live(api)["metadata"]["annotations"]
 
     # pin / unpin: the spec change, printed first.
-    done = plugin("pin", "chat", "-n", NS)
+    done = plugin("pin", "chat", "-n", ns)
     assert """--type merge -p '{"spec":{"build":{"pinned":"reference"}}}'""" in done.stdout
     assert live(api)["spec"]["build"]["pinned"] == "reference"
     try:
@@ -236,22 +239,28 @@ def test_plugin_steers_a_manual_rollout(
     except AssertionError:
         print(screen(session))
         raise
-    plugin("unpin", "chat", "-n", NS)
+    plugin("unpin", "chat", "-n", ns)
     assert "pinned" not in live(api)["spec"]["build"]
 
     # list, plain and json
-    listed_text = plugin("list", "-n", NS).stdout
+    listed_text = plugin("list", "-n", ns).stdout
     assert listed_text.splitlines()[0].split()[:4] == ["NAMESPACE", "NAME", "PHASE", "STATUS"]
     assert any(line.split()[1] == "chat" for line in listed_text.splitlines()[1:])
-    assert [v["name"] for v in json.loads(plugin("list", "-A", "-o", "json").stdout)] == ["chat"]
+    # -A: every namespace's, just as the API server lists them across namespaces (the control plane
+    # is shared: earlier tests' deployments stay in their namespaces), this test's among them.
+    everywhere = [(v["namespace"], v["name"]) for v in json.loads(plugin("list", "-A", "-o", "json").stdout)]
+    served = sorted(
+        (m["metadata"]["namespace"], m["metadata"]["name"]) for m in api.items(f"{GROUP}/modeldeployments")
+    )
+    assert everywhere == served and (ns, "chat") in everywhere, (everywhere, served)
 
     # Bad input: one sentence, exit 2, no traceback.
     for args, words in [
-        (("get", "pods", "chat", "-n", NS), "unknown TYPE 'pods'"),
-        (("approve", "nosuch", "-n", NS), f"ModelDeployment {NS}/nosuch not found."),
-        (("pin", "chat", "-n", NS, "--build", "latest"), "--build: 'latest' is not a build id"),
+        (("get", "pods", "chat", "-n", ns), "unknown TYPE 'pods'"),
+        (("approve", "nosuch", "-n", ns), f"ModelDeployment {ns}/nosuch not found."),
+        (("pin", "chat", "-n", ns, "--build", "latest"), "--build: 'latest' is not a build id"),
         (("get", "md", "chat", "-w", "--interval", "soon"), "--interval"),
-        (("unpin", "chat", "-n", NS), "is not pinned"),
+        (("unpin", "chat", "-n", ns), "is not pinned"),
     ]:
         bad = plugin(*args, ok=False)
         assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
@@ -259,21 +268,21 @@ def test_plugin_steers_a_manual_rollout(
     time.sleep(0)
 
 
-def test_retry_runs_a_failed_compilejob_again(real_cluster: tuple[ControlPlane, Api, Path]) -> None:
+def test_retry_runs_a_failed_compilejob_again(real_cluster: tuple[ControlPlane, Api, Path], ns: str) -> None:
     """retry of a deployment whose last CompileJob Failed: a new CompileJob with its spec, owned by the deployment."""
     _, api, kubeconfig = real_cluster
-    plugin = Plugin(kubeconfig)
-    md = api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment())
+    plugin = Plugin(kubeconfig, ns)
+    md = api.create(f"{GROUP}/namespaces/{ns}/modeldeployments", deployment(ns))
     spec = {
         "deploymentRef": {"name": "chat"},
         "baseBuild": "reference",
         "budget": {"maxExperiments": 5, "sandboxes": 1, "deadline": "5m", "experimentTimeout": "1m"},
     }
     cj = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob",
-          "metadata": {"name": "chat-1a2b3c4d", "namespace": NS}, "spec": spec}  # fmt: skip
-    api.create(f"{GROUP}/namespaces/{NS}/compilejobs", cj)
+          "metadata": {"name": "chat-1a2b3c4d", "namespace": ns}, "spec": spec}  # fmt: skip
+    api.create(f"{GROUP}/namespaces/{ns}/compilejobs", cj)
     api.patch(
-        f"{GROUP}/namespaces/{NS}/compilejobs/chat-1a2b3c4d/status",
+        f"{GROUP}/namespaces/{ns}/compilejobs/chat-1a2b3c4d/status",
         {
             "status": {
                 "phase": "Failed",
@@ -281,58 +290,58 @@ def test_retry_runs_a_failed_compilejob_again(real_cluster: tuple[ControlPlane, 
             }
         },
     )
-    shown = plugin("get", "cj", "chat-1a2b3c4d", "-n", NS).stdout
-    assert "CompileJob inference/chat-1a2b3c4d" in shown and "Failed" in shown and "DeadlineExceeded" in shown
-    done = plugin("retry", "chat", "-n", NS)
+    shown = plugin("get", "cj", "chat-1a2b3c4d", "-n", ns).stdout
+    assert f"CompileJob {ns}/chat-1a2b3c4d" in shown and "Failed" in shown and "DeadlineExceeded" in shown
+    done = plugin("retry", "chat", "-n", ns)
     assert "run CompileJob chat-1a2b3c4d (Failed) again as chat-1a2b3c4d-retry-1" in done.stdout
-    assert f"kubectl -n {NS} create -f - <<'EOF'" in done.stdout
-    made = api.get(f"{GROUP}/namespaces/{NS}/compilejobs/chat-1a2b3c4d-retry-1")
+    assert f"kubectl -n {ns} create -f - <<'EOF'" in done.stdout
+    made = api.get(f"{GROUP}/namespaces/{ns}/compilejobs/chat-1a2b3c4d-retry-1")
     assert made is not None and made["spec"]["deploymentRef"] == {"name": "chat"}
     assert made["spec"]["budget"]["maxExperiments"] == 5
     owner = made["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "ModelDeployment" and owner["uid"] == md["metadata"]["uid"]
     assert made["metadata"]["annotations"]["polymorph.dev/retry-of"] == "chat-1a2b3c4d"
     # the newest CompileJob is now the deployment's last one, not Failed: nothing more to retry
-    bad = plugin("retry", "chat", "-n", NS, ok=False)
+    bad = plugin("retry", "chat", "-n", ns, ok=False)
     assert bad.returncode == 2 and "has nothing to retry" in bad.stderr
-    listed = json.loads(plugin("list", "cj", "-n", NS, "-o", "json").stdout)
+    listed = json.loads(plugin("list", "cj", "-n", ns, "-o", "json").stdout)
     assert [v["name"] for v in listed] == ["chat-1a2b3c4d", "chat-1a2b3c4d-retry-1"]
 
 
 def test_get_with_store_reads_the_leaderboard_from_the_ledgers_in_s3(
-    real_cluster: tuple[ControlPlane, Api, Path], s3_store: S3Store, s3_bucket: str
+    real_cluster: tuple[ControlPlane, Api, Path], s3_store: S3Store, s3_bucket: str, ns: str
 ) -> None:
     """get cj --store s3://...: the leaderboard from the CompileJob's ledger in S3 (moto), credentials from the environment."""
     _, api, kubeconfig = real_cluster
-    plugin = Plugin(kubeconfig)
+    plugin = Plugin(kubeconfig, ns)
     base, fast = "sha256:" + "0" * 64, "sha256:" + "9" * 64
     cj = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob",
-          "metadata": {"name": "chat-1a2b3c4d", "namespace": NS},
+          "metadata": {"name": "chat-1a2b3c4d", "namespace": ns},
           "spec": {"deploymentRef": {"name": "chat"}, "budget": {"sandboxes": 1}}}  # fmt: skip
-    made = api.create(f"{GROUP}/namespaces/{NS}/compilejobs", cj)
+    made = api.create(f"{GROUP}/namespaces/{ns}/compilejobs", cj)
     api.patch(
-        f"{GROUP}/namespaces/{NS}/compilejobs/chat-1a2b3c4d/status",
+        f"{GROUP}/namespaces/{ns}/compilejobs/chat-1a2b3c4d/status",
         {"status": {"phase": "Succeeded", "baseline": {"build": base, "value": 100.0, "speedup": 1.0},
                     "best": {"build": fast, "value": 140.0, "speedup": 1.4}}},
     )  # fmt: skip
     paired = {"against": base, "ratio": 1.4, "lo": 1.3, "hi": 1.5, "pairs": 8}
     s3_store.append_jsonl(
-        ledger_key(NS, "chat-1a2b3c4d", made["metadata"]["uid"], 0),
+        ledger_key(ns, "chat-1a2b3c4d", made["metadata"]["uid"], 0),
         [
             {"build": base, "status": "passed"},
             {"build": fast, "status": "passed", "comparison": paired, "description": "static cache"},
         ],
     )
     view = json.loads(
-        plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "-o", "json", "--store", f"s3://{s3_bucket}").stdout
+        plugin("get", "cj", "chat-1a2b3c4d", "-n", ns, "-o", "json", "--store", f"s3://{s3_bucket}").stdout
     )
     assert view["leaderboardFrom"] == "ledger" and view["ledgerRecords"] == 2
     assert [(r["build"], r["speedup"], r["ci"], r["pairs"], r["role"]) for r in view["leaderboard"]] == [
         (fast, 1.4, [1.3, 1.5], 8, "best")
     ]
-    text = plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "--store", f"s3://{s3_bucket}").stdout
+    text = plugin("get", "cj", "chat-1a2b3c4d", "-n", ns, "--store", f"s3://{s3_bucket}").stdout
     assert "1.40x  [1.30, 1.50] (8 pairs)" in text and "static cache" in text
-    bad = plugin("get", "cj", "chat-1a2b3c4d", "-n", NS, "--store", "ftp://x", ok=False)
+    bad = plugin("get", "cj", "chat-1a2b3c4d", "-n", ns, "--store", "ftp://x", ok=False)
     assert (
         bad.returncode == 2
         and bad.stderr.startswith("kubectl polymorph: --store:")

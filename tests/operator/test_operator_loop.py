@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, progress, result
-from operator_harness import GROUP, NS, Api, FakeEngine, OperatorProcess, audit_against_chart, wait_for
+from operator_harness import GROUP, Api, FakeEngine, OperatorProcess, audit_against_chart, wait_for
 
 from charts.chart_rbac import audited_calls, documented_unexercised, forbidden, rbac_table
 from polymorph.contract.api import WorkloadProfile
@@ -25,24 +25,28 @@ from support.control_plane import ControlPlane
 from support.node_agent import NodeAgent
 
 OPERATOR = "polymorph-operator"
-"""The operator's own identity on the control plane (an admin of its own name)."""
+"""The operator's own identity on the control plane (an admin of its own name), suffixed here with
+the test's namespace: the audit log is the shared control plane's, and holds every test's requests."""
 
-DEPLOYMENT = {
-    "apiVersion": "polymorph.dev/v1alpha1",
-    "kind": "ModelDeployment",
-    "metadata": {"name": "chat", "namespace": NS},
-    "spec": {
-        "model": {"uri": "tiny"},
-        "hardware": {"accelerator": "cpu"},
-        "replicas": 4,
-        "recompile": {"window": "10s", "minRequests": 20, "cooldown": "1h",
-                      "compile": {"budget": {"maxExperiments": 10, "sandboxes": 2, "deadline": "1h"}}},
-        "rollout": {
-            "steps": [{"weight": 25, "pause": "3s"}, {"weight": 50, "pause": "3s"}],
-            "analysis": {"interval": "3s", "failureLimit": 1},
+
+def chat(ns: str) -> dict[str, Any]:
+    """The ModelDeployment the test applies, in ``ns``."""
+    return {
+        "apiVersion": "polymorph.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": ns},
+        "spec": {
+            "model": {"uri": "tiny"},
+            "hardware": {"accelerator": "cpu"},
+            "replicas": 4,
+            "recompile": {"window": "10s", "minRequests": 20, "cooldown": "1h",
+                          "compile": {"budget": {"maxExperiments": 10, "sandboxes": 2, "deadline": "1h"}}},
+            "rollout": {
+                "steps": [{"weight": 25, "pause": "3s"}, {"weight": 50, "pause": "3s"}],
+                "analysis": {"interval": "3s", "failureLimit": 1},
+            },
         },
-    },
-}  # fmt: skip
+    }  # fmt: skip
 
 
 def status(api: Api) -> dict[str, Any]:
@@ -62,12 +66,14 @@ def test_drift_compile_canary_promote(
     real_kubelet: NodeAgent,
     sandboxes_done: Path,
     tmp_path: Path,
+    ns: str,
 ) -> None:
     control_plane, api, _ = real_cluster
-    op = real_operator(kubeconfig=control_plane.user_kubeconfig(OPERATOR))
+    identity = f"{OPERATOR}-{ns}"
+    op = real_operator(kubeconfig=control_plane.user_kubeconfig(identity))
     for _ in range(2):
         engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", DEPLOYMENT)
+    api.create(f"{GROUP}/namespaces/{ns}/modeldeployments", chat(ns))
 
     # Traffic the reference build was never tuned for: drift 1, exactly one CompileJob.
     jobs = wait_for("a CompileJob", api.compilejobs, timeout=40)
@@ -86,10 +92,10 @@ def test_drift_compile_canary_promote(
     assert len(api.events("CompileJobCreated")) == 1
 
     # The CompileJob's ConfigMap and Indexed Job.
-    job = wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}"))
+    job = wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{name}"))
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["parallelism"] == 2
-    assert api.get(f"/api/v1/namespaces/{NS}/configmaps/{name}-spec") is not None
-    wait_for("both sandbox pods started by the Job controller", lambda: (api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}") or {}).get("status", {}).get("active") == 2, timeout=30)  # fmt: skip
+    assert api.get(f"/api/v1/namespaces/{ns}/configmaps/{name}-spec") is not None
+    wait_for("both sandbox pods started by the Job controller", lambda: (api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{name}") or {}).get("status", {}).get("active") == 2, timeout=30)  # fmt: skip
 
     # Cooldown: more drift cycles, still one job.
     time.sleep(2)
@@ -98,14 +104,14 @@ def test_drift_compile_canary_promote(
     # The sandboxes' progress in the store -> CompileJob status.
     store = LocalStore(tmp_path / "store")
     store.put_json(
-        progress_key(NS, name, uid, 0), progress(0, 2, "running", 3, NEW, 120).model_dump(mode="json")
+        progress_key(ns, name, uid, 0), progress(0, 2, "running", 3, NEW, 120).model_dump(mode="json")
     )
     store.put_json(
-        progress_key(NS, name, uid, 1), progress(1, 2, "running", 2, None, 0).model_dump(mode="json")
+        progress_key(ns, name, uid, 1), progress(1, 2, "running", 2, None, 0).model_dump(mode="json")
     )
     cj_status = wait_for(
         "progress in CompileJob status",
-        lambda: (s := (api.get(f"{GROUP}/namespaces/{NS}/compilejobs/{name}") or {}).get("status", {})).get("experiments", {}).get("total") == 5 and s,
+        lambda: (s := (api.get(f"{GROUP}/namespaces/{ns}/compilejobs/{name}") or {}).get("status", {})).get("experiments", {}).get("total") == 5 and s,
     )  # fmt: skip
     assert cj_status["phase"] == "Running"
     assert [(s["index"], s["experiments"]) for s in cj_status["sandboxes"]] == [(0, 3), (1, 2)]
@@ -114,11 +120,11 @@ def test_drift_compile_canary_promote(
     # Success: result.json, then the sandboxes' agents exit 0 and the Job controller completes the
     # Job -> Succeeded, candidateBuild, a canary at 25%.
     store.put_json(
-        result_key(NS, name, uid),
+        result_key(ns, name, uid),
         result(NEW, 130, live, "file:///store/builds/x.tar.gz").model_dump(mode="json"),
     )
     sandboxes_done.touch()
-    wait_for("the Job complete", lambda: (api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{name}") or {}).get("status", {}).get("succeeded") == 2, timeout=60)  # fmt: skip
+    wait_for("the Job complete", lambda: (api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{name}") or {}).get("status", {}).get("succeeded") == 2, timeout=60)  # fmt: skip
     wait_for("candidateBuild", lambda: (status(api).get("candidateBuild") or {}).get("id") == NEW, timeout=30)
     assert len(api.events("CompileJobSucceeded")) >= 1
     canary = wait_for("the canary Deployment", lambda: api.deployment("chat-canary"))
@@ -159,7 +165,7 @@ def test_drift_compile_canary_promote(
     # made (kopf's and the kubernetes client's, as the audit log records them), and every
     # permission it grants was used, except those its RBAC table lists as unexercised with the reason.
     op.stop()  # its watches end, so the audit log has every request's last stage
-    requests = control_plane.audit(OPERATOR)
+    requests = control_plane.audit(identity)
     assert requests and forbidden(requests) == []
-    unused = audit_against_chart(audited_calls(requests), {"watchNamespaces": [NS]})
+    unused = audit_against_chart(audited_calls(requests), {"watchNamespaces": [ns]})
     assert unused == documented_unexercised(rbac_table()), unused

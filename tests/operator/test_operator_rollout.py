@@ -12,18 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from documents import NEW, SLOW, figures
-from operator_harness import GROUP, NS, Api, FakeEngine, OperatorProcess, wait_for
+from operator_harness import GROUP, Api, FakeEngine, OperatorProcess, wait_for
 
 from support.control_plane import ControlPlane
 from support.node_agent import NodeAgent
 from support.prometheus import PrometheusServer
 
 
-def deployment(on_failure: str = "Rollback", pause: str = "3s", policy: str = "Auto") -> dict[str, Any]:
+def deployment(
+    ns: str, on_failure: str = "Rollback", pause: str = "3s", policy: str = "Auto"
+) -> dict[str, Any]:
     return {
         "apiVersion": "polymorph.dev/v1alpha1",
         "kind": "ModelDeployment",
-        "metadata": {"name": "chat", "namespace": NS},
+        "metadata": {"name": "chat", "namespace": ns},
         "spec": {
             "model": {"uri": "tiny"},
             "hardware": {"accelerator": "cpu"},
@@ -54,7 +56,7 @@ def hand_over(api: Api, build: str) -> None:
     """What a Succeeded CompileJob does (covered end to end in test_operator_loop): a candidate build."""
     candidate = {"id": build, "uri": f"file:///store/{build}", "figures": figures(130).model_dump()}
     api.patch(
-        f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status", {"status": {"candidateBuild": candidate}}
+        f"{GROUP}/namespaces/{api.ns}/modeldeployments/chat/status", {"status": {"candidateBuild": candidate}}
     )
 
 
@@ -65,7 +67,7 @@ def start(
         engines("chat", "stable", "reference").serve(prompt=64, generated=32, itl_s=0.02)
     for _ in range(2):
         engines("chat", "canary", build).serve(prompt=64, generated=32, itl_s=canary_itl)
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", deployment(**kw))
+    api.create(f"{GROUP}/namespaces/{api.ns}/modeldeployments", deployment(api.ns, **kw))
     wait_for("the stable Deployment", lambda: api.deployment("chat"))
     hand_over(api, build)
 
@@ -166,7 +168,7 @@ def test_manual_approval_then_abort(
     assert f"polymorph.dev/approve={NEW}" in waiting[0]["message"]
     time.sleep(2)
     assert api.deployment("chat-canary") is None and len(api.events("WaitingForApproval")) == 1
-    path = f"{GROUP}/namespaces/{NS}/modeldeployments/chat"
+    path = f"{GROUP}/namespaces/{api.ns}/modeldeployments/chat"
     api.patch(path, {"metadata": {"annotations": {"polymorph.dev/approve": NEW}}})
     canary = wait_for("the approved canary", lambda: api.deployment("chat-canary"))
     assert canary["spec"]["replicas"] == 1

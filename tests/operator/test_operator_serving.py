@@ -1,7 +1,8 @@
 """The operator process against the real control plane: apply -> hardened children, `kubectl get
 md` columns, delete -> cleanup by the real garbage collector, and Degraded for a spec the
 operator's model refuses: one stored under an older CRD without the rule that refuses it now (the
-API server never checks a stored object again, so an upgrade of the CRDs leaves it as it was)."""
+API server never checks a stored object again, so an upgrade of the CRDs leaves it as it was; the
+CRD is put back afterwards, as the other tests share the control plane)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from operator_harness import GROUP, NS, Api, OperatorProcess, wait_for
+from operator_harness import GROUP, Api, OperatorProcess, wait_for
 
 from support.control_plane import ControlPlane
 from support.k8s_binaries import kubectl
 
 
-def md(name: str = "chat", **spec: Any) -> dict[str, Any]:
+def md(ns: str, name: str = "chat", **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": {"uri": "pvc://weights/llama/1b"},
         "hardware": {"accelerator": "nvidia-h200"},
@@ -28,17 +29,17 @@ def md(name: str = "chat", **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "polymorph.dev/v1alpha1",
         "kind": "ModelDeployment",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": ns},
         "spec": body,
     }
 
 
 def test_apply_creates_hardened_children_and_status(
-    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess], ns: str
 ) -> None:
     _, api, _ = real_cluster
     op = real_operator()
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
+    api.create(f"{GROUP}/namespaces/{ns}/modeldeployments", md(ns))
     stable = wait_for("the stable Deployment", lambda: api.deployment("chat"))
     assert api.deployment("chat-canary") is None
     labels = stable["spec"]["template"]["metadata"]["labels"]
@@ -56,7 +57,7 @@ def test_apply_creates_hardened_children_and_status(
         "volumes"
     ]
     assert stable["spec"]["replicas"] == 4
-    svc = wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat"))
+    svc = wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{ns}/services/chat"))
     assert svc["spec"]["selector"] == {"polymorph.dev/model-deployment": "chat"}
     status = wait_for(
         "status",
@@ -112,12 +113,12 @@ def _replace_crd(api: Api, crd: dict[str, Any]) -> None:
 
 
 def test_invalid_spec_sets_degraded_once_without_crash_loop(
-    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess], ns: str
 ) -> None:
     _, api, _ = real_cluster
     # Decreasing weights: the CRD's CEL rule refuses them, and so does the operator's pydantic model.
-    bad = md(rollout={"steps": [{"weight": 50}, {"weight": 25}]})
-    path = f"{GROUP}/namespaces/{NS}/modeldeployments"
+    bad = md(ns, rollout={"steps": [{"weight": 50}, {"weight": 25}]})
+    path = f"{GROUP}/namespaces/{ns}/modeldeployments"
     refused = api.client.post(path, json=bad)
     assert refused.status_code == 422 and STEPS_RULE in refused.text, refused.text
     # Stored under the CRD as it was before that rule (the API server takes a CRD change within a
@@ -128,9 +129,13 @@ def test_invalid_spec_sets_degraded_once_without_crash_loop(
         "metadata": {"name": crd["metadata"]["name"]}
     }
     _replace_crd(api, _without_rule(current, STEPS_RULE))
-    wait_for("the older CRD served", lambda: api.client.post(path, json=bad).status_code == 201, timeout=30)
-    _replace_crd(api, current)
-    probe = md("probe", rollout={"steps": [{"weight": 50}, {"weight": 25}]})
+    try:
+        wait_for(
+            "the older CRD served", lambda: api.client.post(path, json=bad).status_code == 201, timeout=30
+        )
+    finally:  # the CRD is the control plane's, which the other tests share: back as it was, whatever happened
+        _replace_crd(api, current)
+    probe = md(ns, "probe", rollout={"steps": [{"weight": 50}, {"weight": 25}]})
     wait_for("the rule back", lambda: api.client.post(f"{path}?dryRun=All", json=probe).status_code == 422,
              timeout=30)  # fmt: skip
     assert [step["weight"] for step in (api.md("chat") or {})["spec"]["rollout"]["steps"]] == [50, 25]
@@ -150,7 +155,7 @@ def test_invalid_spec_sets_degraded_once_without_crash_loop(
     assert op.healthy()
     # Fixing the spec clears it.
     api.patch(
-        f"{GROUP}/namespaces/{NS}/modeldeployments/chat",
+        f"{GROUP}/namespaces/{ns}/modeldeployments/chat",
         {"spec": {"rollout": {"steps": [{"weight": 25}, {"weight": 50}]}}},
     )
     wait_for("the stable Deployment after the fix", lambda: api.deployment("chat"))
@@ -163,17 +168,17 @@ def test_invalid_spec_sets_degraded_once_without_crash_loop(
 
 
 def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
-    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess], ns: str
 ) -> None:
     _, api, kubeconfig = real_cluster
     real_operator()
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
+    api.create(f"{GROUP}/namespaces/{ns}/modeldeployments", md(ns))
     wait_for("status", lambda: (api.md("chat") or {}).get("status", {}).get("activeBuild"))
     build = "sha256:" + "ab" * 32
     figures = {"outputTokensPerSecond": 1234.5, "totalTokensPerSecond": 2000, "ttftP50Ms": 10, "ttftP95Ms": 20,
                "itlP50Ms": 5, "itlP95Ms": 8, "noise": 0.01}  # fmt: skip
     api.patch(
-        f"{GROUP}/namespaces/{NS}/modeldeployments/chat/status",
+        f"{GROUP}/namespaces/{ns}/modeldeployments/chat/status",
         {
             "status": {
                 "activeBuild": {"id": build, "name": "static-cache", "figures": figures},
@@ -185,7 +190,7 @@ def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
     # The operator derives the display fields (a promoted build has no name; tok/s is rounded).
     wait_for("display fields", lambda: api.md("chat")["status"]["activeBuild"].get("tokensPerSecond"))  # type: ignore[index]
     out = subprocess.run(
-        [str(kubectl()), "--kubeconfig", str(kubeconfig), "-n", NS, "get", "md"],
+        [str(kubectl()), "--kubeconfig", str(kubeconfig), "-n", ns, "get", "md"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     header, row = out.splitlines()[:2]
@@ -198,35 +203,35 @@ def test_kubectl_get_md_shows_build_phase_drift_and_tok_s(
 
 
 def test_delete_cleans_up_children(
-    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess]
+    real_cluster: tuple[ControlPlane, Api, Path], real_operator: Callable[..., OperatorProcess], ns: str
 ) -> None:
     _, api, _ = real_cluster
     real_operator()
-    api.create(f"{GROUP}/namespaces/{NS}/modeldeployments", md())
+    api.create(f"{GROUP}/namespaces/{ns}/modeldeployments", md(ns))
     wait_for("the stable Deployment", lambda: api.deployment("chat"))
-    wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat"))
-    job = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob", "metadata": {"name": "chat-manual", "namespace": NS},
+    wait_for("the Service", lambda: api.get(f"/api/v1/namespaces/{ns}/services/chat"))
+    job = {"apiVersion": "polymorph.dev/v1alpha1", "kind": "CompileJob", "metadata": {"name": "chat-manual", "namespace": ns},
            "spec": {"deploymentRef": {"name": "chat"}, "workload": {"profile": {
                "inputTokens": {"bounds": [128], "counts": [1]}, "outputTokens": {"bounds": [64], "counts": [1]}}}}}  # fmt: skip
-    api.create(f"{GROUP}/namespaces/{NS}/compilejobs", job)
-    wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual"))
-    assert api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is not None
+    api.create(f"{GROUP}/namespaces/{ns}/compilejobs", job)
+    wait_for("the sandbox Job", lambda: api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/chat-manual"))
+    assert api.get(f"/api/v1/namespaces/{ns}/configmaps/chat-manual-spec") is not None
     # A Job lost while the campaign runs is made again.
-    uid = api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual")["metadata"]["uid"]  # type: ignore[index]
-    api.delete(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual")
+    uid = api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/chat-manual")["metadata"]["uid"]  # type: ignore[index]
+    api.delete(f"/apis/batch/v1/namespaces/{ns}/jobs/chat-manual")
     wait_for(
         "the Job made again",
         lambda: (
-            (j := api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual")) and j["metadata"]["uid"] != uid
+            (j := api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/chat-manual")) and j["metadata"]["uid"] != uid
         ),
     )
     # Deleting the CompileJob removes its Job and ConfigMap ...
-    api.delete(f"{GROUP}/namespaces/{NS}/compilejobs/chat-manual")
-    wait_for("the Job gone", lambda: api.get(f"/apis/batch/v1/namespaces/{NS}/jobs/chat-manual") is None)
+    api.delete(f"{GROUP}/namespaces/{ns}/compilejobs/chat-manual")
+    wait_for("the Job gone", lambda: api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/chat-manual") is None)
     wait_for(
-        "the ConfigMap gone", lambda: api.get(f"/api/v1/namespaces/{NS}/configmaps/chat-manual-spec") is None
+        "the ConfigMap gone", lambda: api.get(f"/api/v1/namespaces/{ns}/configmaps/chat-manual-spec") is None
     )
     # ... and deleting the ModelDeployment removes its Deployments and Service.
-    api.delete(f"{GROUP}/namespaces/{NS}/modeldeployments/chat")
+    api.delete(f"{GROUP}/namespaces/{ns}/modeldeployments/chat")
     wait_for("the Deployment gone", lambda: api.deployment("chat") is None)
-    wait_for("the Service gone", lambda: api.get(f"/api/v1/namespaces/{NS}/services/chat") is None)
+    wait_for("the Service gone", lambda: api.get(f"/api/v1/namespaces/{ns}/services/chat") is None)
