@@ -41,6 +41,11 @@ a clear win on it, on any traffic: its extra knob ``dawdle`` (default true) runs
 build's step four times more, and turning it off removes four of seven steps (a 2.3x margin: with
 two, 1.7x, a campaign beside the whole suite once confirmed only 1.28x [0.98, 1.68] and kept
 nothing).
+
+Both are built on the reference less its torch.compile values (``support.builds``): on two
+shared cores a compiled candidate cost its campaign some 20 s of inductor and g++, and a compiled
+build as many seconds again in each pod that served it, while the story told here (drift, a
+CompileJob, a canary promoted, a slower one rolled back) holds whichever knobs the search picks.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from kubernetes.client.rest import ApiException
 from moto.server import ThreadedMotoServer
 
 from polymorph.contract.store import S3Store, Store, open_store
+from support.builds import eager_reference_build
 from support.control_plane import ControlPlane
 from support.k8s_binaries import helm as helm_binary
 from support.k8s_binaries import kubectl as kubectl_binary
@@ -80,7 +86,6 @@ BUCKET = "polymorph-e2e"
 STORE_SECRET = "polymorph-store"
 RELEASE = RELEASE_NS = "polymorph"
 """The chart's release and its namespace; the ServiceAccount is the release's name."""
-REFERENCE = REPO / "engine_image" / "polymorph_engine" / "builds" / "reference"
 AWS = {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e-secret", "AWS_REGION": "us-east-1"}
 
 
@@ -146,7 +151,7 @@ def _put_slowed(store: Store, folder: Path, name: str, description: str, own: in
                 plain: dict[str, Any] | None, dawdle: int) -> str:  # fmt: skip
     """The reference build as ``name``, its entry ``_SLOWED`` with these numbers, in ``store``."""
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(REFERENCE, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    eager_reference_build(folder)
     toml = (folder / "build.toml").read_text()
     toml = re.sub(r'name = "reference"', f'name = "{name}"', toml, count=1)
     toml = re.sub(r'entry = "hotpath.py"', 'entry = "slowed.py"', toml, count=1)

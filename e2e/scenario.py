@@ -71,8 +71,8 @@ def deployment(pinned: str | None = None, policy: str = "Auto") -> dict[str, Any
             "model": {"uri": "tiny", "dtype": "float32", "maxSeqLen": 512},
             "hardware": {"accelerator": "cpu"},
             "replicas": 3,
-            # Two decode buckets, not four: a build that compiles its decode step (torch.compile)
-            # starts in half the time on two shared cores, and two clients never batch more.
+            # Two decode buckets, not four: two clients never batch more, and a build whose step is
+            # captured or compiled prepares half as many.
             "engine": {"args": ["--max-batch", "2"]},
             "build": build,
             "recompile": {

@@ -63,6 +63,8 @@ __all__ = ["NodeAgent", "NodePod"]
 _MERGE = {"Content-Type": "application/merge-patch+json"}
 LEASE_RENEW_S = 10.0
 """Seconds between renewals of the node's Lease (a kubelet renews every 10 s, for 40 s)."""
+READ_RETRY_S = 30.0
+"""How long ``NodeAgent.read`` asks again for a Secret or ConfigMap the API server answers "later" for."""
 _INDEX = "batch.kubernetes.io/job-completion-index"
 
 
@@ -328,8 +330,19 @@ class NodeAgent:
         return response.json() if response.content else None
 
     def read(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A ConfigMap or Secret a pod references; None when it does not exist."""
-        response = self.http.get(f"/api/v1/namespaces/{namespace}/{resource}/{name}")
+        """A ConfigMap or Secret a pod references; None when it does not exist.
+
+        As a kubelet retries a volume's set-up, an answer that says "later" (429, such as "storage
+        is (re)initializing" while the API server's watch cache re-lists, or a 5xx) is asked again
+        after its Retry-After, for up to ``READ_RETRY_S``; a pod failed on it once, its secret
+        there all along."""
+        deadline = time.monotonic() + READ_RETRY_S
+        while True:
+            response = self.http.get(f"/api/v1/namespaces/{namespace}/{resource}/{name}")
+            later = response.status_code == 429 or response.status_code >= 500
+            if not later or time.monotonic() >= deadline:
+                break
+            time.sleep(min(float(response.headers.get("Retry-After") or 1), 5.0))
         if response.status_code == 404:
             return None
         response.raise_for_status()
