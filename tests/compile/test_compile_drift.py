@@ -94,11 +94,9 @@ def shape_tuned_build(folder: Path) -> Path:
 
 
 def _profile(path: Path, concurrency: int) -> Path:
-    """Short prompts and outputs: a pass is mostly decode steps (what ``tuned_for`` repeats), and
-    short, so that two campaigns of whole-protocol experiments take seconds."""
     path.write_text(
-        "inputTokens: {bounds: [8, 16], counts: [50, 50]}\n"
-        "outputTokens: {bounds: [8, 16], counts: [50, 50]}\n"
+        "inputTokens: {bounds: [16, 48], counts: [50, 50]}\n"
+        "outputTokens: {bounds: [16, 32], counts: [50, 50]}\n"
         f"concurrency: {concurrency}\n"
     )
     return path
