@@ -8,6 +8,10 @@ Every step is the real command line in its own process, sharing one local store:
    client traffic), a streamed completion and ``/metrics`` carry the build id; the sampled
    traffic trace, a chat request at its rendered prompt length, is flushed on SIGTERM;
 4. ``polymorph compile --workload <trace>`` tunes again for the traffic the server saw.
+
+Both campaigns start from the reference less its torch.compile values (``--base-build``,
+``support.builds``): what each step hands the next holds whichever build the search keeps, and a
+compiled one cost the campaign, the re-run and the server a compilation each on two shared cores.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from polymorph.contract.store import LocalStore
 from polymorph.contract.workload import parse_trace
+from support.builds import eager_reference_build
 
 _URL = re.compile(r"on (http://\S+)")
 
@@ -43,9 +48,14 @@ def _polymorph(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.C
 
 
 def _compile(cwd: Path, store: Path, campaign: str, *extra: str) -> dict[str, Any]:
+    base = cwd / "eager-reference"
+    if not base.exists():
+        eager_reference_build(base)
     proc = _polymorph(
         [
             "compile",
+            "--base-build",
+            str(base),
             "--store",
             str(store),
             "--campaign",
@@ -88,7 +98,7 @@ def test_compile_serve_capture_and_recompile(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     store = LocalStore(store_dir)
 
-    # 1. A campaign on the embedded defaults stores every build that passed the gates.
+    # 1. A campaign on the embedded defaults (but its base) stores every build that passed the gates.
     first = _compile(tmp_path, store_dir, "e2e")
     assert first["baseline"] is not None
     assert first["experiments"]["total"] >= 2
