@@ -64,6 +64,7 @@ def test_two_ranks_give_the_tokens_of_one(group: LoadedModel) -> None:
         one, _, _ = load_hotpath(whole, REFERENCE_BUILD, knobs)
         two, _, _ = load_hotpath(group, REFERENCE_BUILD, knobs)
         assert greedy(two) == greedy(one), knobs
+        one.close()
         two.close()
     # the shard holds half the heads and widths; the model is the same
     assert group.config.num_attention_heads * 2 == whole.config.num_attention_heads
