@@ -17,12 +17,11 @@ prints what comes back.
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 from polymorph.contract import measurement
 from polymorph.contract.api import ExperimentRecord, measured_shape_of
@@ -32,7 +31,7 @@ from polymorph.contract.inputs import integer
 from polymorph.contract.store import open_store, store_uri
 from polymorph_engine.experiment.settings import BenchSettings
 from polymorph_engine.experiment.supervisor import Supervisor, SupervisorStats, WorkerStartError
-from polymorph_engine.runtime.config import SHAPES, parse_dtype
+from polymorph_engine.runtime.config import SHAPES, dtype_name
 
 __all__ = ["configure", "run"]
 
@@ -107,15 +106,25 @@ def _knobs(items: list[str]) -> dict[str, str]:
     return knobs
 
 
+_DEVICE = re.compile(r"(cpu|cuda)(?::([1-9][0-9]*|0))?")
+"""The devices the engine runs on, as torch.device spells them (its own pattern: ``cuda:01`` is not one)."""
+
+
 def _device(text: str) -> str:
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise UsageError(f"--device must be cpu or cuda[:N]; got {text!r}.") from None
-    if device.type not in ("cpu", "cuda"):
+    """``--device``, checked without torch for the CPU: this process only supervises, and the
+    worker loads torch (importing it here too cost each run about 2 CPU-seconds)."""
+    match = _DEVICE.fullmatch(text)
+    if match is None:
         raise UsageError(f"--device must be cpu or cuda[:N]; got {text!r}.")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but no CUDA device is visible to torch here.")
+    if match.group(1) == "cuda":  # torch is needed to know, and it judges the index as it did
+        import torch
+
+        try:
+            torch.device(text)
+        except RuntimeError:
+            raise UsageError(f"--device must be cpu or cuda[:N]; got {text!r}.") from None
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda was asked for, but no CUDA device is visible to torch here.")
     return text
 
 
@@ -140,7 +149,7 @@ def _workdir() -> Iterator[Path]:
 def run(args: argparse.Namespace) -> int:
     knobs = _knobs(args.knob)
     device = _device(args.device)
-    parse_dtype(args.dtype)  # a UsageError names the allowed values
+    dtype_name(args.dtype)  # a UsageError names the allowed values
     model = _model(args.model)
     replay = measurement.campaign_workload(args.workload, device, seed=args.seed)
     records: list[ExperimentRecord] = []

@@ -8,20 +8,22 @@ attention, a top-k router over SwiGLU experts in the layers ``moe_layer`` names)
 ``ModelConfig.from_hf`` reads an HF ``config.json`` and ``to_hf`` writes one. ``ARCHITECTURES``
 lists the ``model_type`` values supported. ``SHAPES`` names the shapes an engine can build with
 random weights (``tiny`` and the other ``-tiny`` shapes for tests and the demo, ``llama-1b``,
-``llama-8b`` and ``qwen3-30b-a3b`` for GPU benchmarks). ``parse_dtype`` turns a dtype name into a
-torch dtype.
+``llama-8b`` and ``qwen3-30b-a3b`` for GPU benchmarks). ``dtype_name`` checks a dtype name and
+``parse_dtype`` turns one into a torch dtype.
 
-It knows nothing about weights, tokenizers or the forward pass.
+It knows nothing about weights, tokenizers or the forward pass, and imports torch only in
+``parse_dtype``: a command refuses a bad flag without loading it (about 2 CPU-seconds).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from polymorph.contract.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ARCHITECTURES",
@@ -29,15 +31,13 @@ __all__ = [
     "SHAPES",
     "ModelConfig",
     "RopeScaling",
+    "dtype_name",
     "parse_dtype",
     "supported_architectures",
 ]
 
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
+DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
+"""The dtypes an engine accepts, by their torch names (``torch.bfloat16``...)."""
 _DTYPE_ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -433,13 +433,21 @@ SHAPES: dict[str, ModelConfig] = {
 }
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"`` (or ``bf16``, ``torch.bfloat16``...) as a torch dtype; anything else is a UsageError."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise UsageError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype}.")
-        return dtype
+def dtype_name(dtype: str) -> str:
+    """``"bfloat16"`` for ``bf16``, ``torch.bfloat16``... (one of ``DTYPES``); anything else is a UsageError."""
     name = _DTYPE_ALIASES.get(str(dtype), str(dtype)).removeprefix("torch.")
     if name not in DTYPES:
         raise UsageError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}.")
-    return DTYPES[name]
+    return name
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"`` (or ``bf16``, ``torch.bfloat16``...) as a torch dtype; anything else is a UsageError."""
+    import torch  # here only: the rest of the module serves commands that never load it
+
+    if isinstance(dtype, torch.dtype):
+        if str(dtype).removeprefix("torch.") not in DTYPES:
+            raise UsageError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype}.")
+        return dtype
+    parsed: torch.dtype = getattr(torch, dtype_name(dtype))
+    return parsed
