@@ -17,12 +17,12 @@
 # 3. bench/fidelity.py: five builds on each of bench/shapes/{chat-default,long-batch,chat-single}.yaml,
 #    each estimated by sampled passes (what an experiment measures) and fully replayed.
 # 4. bench/search_quality.py --workload per shape: an anchored sweep of the knobs that move with
-#    the shape, a campaign from the reference on polymorph compile's --device cuda budget (its
-#    defaults; CAMPAIGN_FLAGS adds flags), head to head by the estimate; then bench/fidelity.py
-#    replays the campaign's kept build and the sweep's best in full on the same shape; then
-#    bench/decode.py runs the kept build, the compiled peer and HF compiled at the shape's
-#    concurrency and mean context, with prefills at its prompt lengths, and composes each one's
-#    tok/s on the shape from those timings.
+#    the shape (or a recorded one, SWEEPS), a campaign from the reference on polymorph compile's
+#    --device cuda budget and timeout (its defaults; CAMPAIGN_FLAGS adds flags), head to head by
+#    the estimate; then bench/fidelity.py replays the campaign's kept build and the sweep's best
+#    in full on the same shape; then bench/decode.py runs the kept build, the compiled peer and
+#    HF compiled at the shape's concurrency and mean context, with prefills at its prompt
+#    lengths, and composes each one's tok/s on the shape from those timings.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
 # transformers; pydantic, structlog and boto3 & co. come from PYTHONPATH when the image lacks them.
 set -euo pipefail
@@ -90,12 +90,21 @@ shapes)
         echo "under 100 GiB of device memory: long-batch runs as long-batch-16"
     fi
     for s in $SHAPES; do
-        echo "$(date -u +%T) $s: search"
+        # SWEEPS="shape=RESULT.json,...": that shape's campaign starts from a recorded sweep (its
+        # points are not measured again); SWEEP_ONLY=1 measures the sweeps alone (a shape whose
+        # sweep and campaign do not fit one 10-minute call takes two).
+        SWEEP=(--knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile
+            --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --sweep-timeout 60)
+        SWEEPS=${SWEEPS:-}
+        for pair in ${SWEEPS//,/ }; do
+            if [ "${pair%%=*}" = "$s" ]; then SWEEP=(--sweep-from "${pair#*=}"); fi
+        done
+        if [ -n "${SWEEP_ONLY:-}" ]; then SWEEP+=(--sweep-only); fi
+        echo "$(date -u +%T) $s: search ${SWEEP[*]}"
         timeout "${SHAPE_BUDGET_S:-330}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
-            --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" \
-            --knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile \
-            --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --experiment-timeout 60 \
+            --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" "${SWEEP[@]}" \
             ${CAMPAIGN_FLAGS:-} --out "$OUT/search-quality-$MODEL-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
+        if [ -n "${SWEEP_ONLY:-}" ]; then continue; fi
         KEPT=$(python3 -c '
 import json, sys
 doc = json.load(open(sys.argv[1]))

@@ -12,7 +12,9 @@
 3. **Campaign**: ``Campaign`` + ``SearchAgent`` from the reference, on ``polymorph compile``'s
    budget for ``--device`` unless ``--max-experiments``, ``--deadline`` or
    ``--experiment-timeout`` say otherwise, through the same worker (so the same engine, weights
-   and workload), with its judgement and confirmation.
+   and workload), with its judgement and confirmation. The sweep's points may have a longer
+   timeout (``--sweep-timeout``: a cold Triton compile of every kernel); ``--sweep-only`` stops
+   after the sweep, and a later run takes it with ``--sweep-from``.
 4. **Head to head**: the campaign's best paired directly with the exhaustive best and each
    contender (one experiment each, at most ``MAX_CONTENDERS``): campaign / exhaustive with its
    95% interval. "Within 3%" means the lowest of these ratios is >= 0.97.
@@ -40,6 +42,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -224,16 +227,22 @@ def _check(args: argparse.Namespace) -> None:
     """One line naming the flag for each bad value (what ``polymorph compile`` would refuse)."""
     if args.max_experiments < 1:
         raise SystemExit(f"--max-experiments must be a positive integer; got {args.max_experiments}")
+    if args.sweep_only and args.sweep_from is not None:
+        raise SystemExit(
+            "--sweep-only and --sweep-from: give one (the first measures a sweep, the second reuses one)"
+        )
     try:
         parse_duration(args.deadline)
     except ValueError as exc:
         raise SystemExit(f"--deadline: {exc}") from None
     if not (math.isfinite(args.min_speedup) and args.min_speedup >= 1):
         raise SystemExit(f"--min-speedup must be a finite number >= 1, e.g. 1.05; got {args.min_speedup}")
-    if not (math.isfinite(args.experiment_timeout) and args.experiment_timeout > 0):
-        raise SystemExit(
-            f"--experiment-timeout must be a positive number of seconds; got {args.experiment_timeout}"
-        )
+    for flag, value in (
+        ("--experiment-timeout", args.experiment_timeout),
+        ("--sweep-timeout", args.sweep_timeout),
+    ):
+        if not (math.isfinite(value) and value > 0):
+            raise SystemExit(f"{flag} must be a positive number of seconds; got {value}")
     if args.threads is not None and args.threads < 1:
         raise SystemExit(f"--threads must be a positive integer; got {args.threads}")
 
@@ -259,8 +268,11 @@ def _sweep(
     skip: list[str],
     anchor_config: dict[str, Any] | None,
     work: Path,
+    progress: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Every combination of ``knobs``, paired with the reference or the anchor (module docstring, 2)."""
+    """Every combination of ``knobs``, paired with the reference or the anchor (module docstring, 2).
+
+    ``progress`` gets the sweep so far after each point: a run killed at its time bound keeps them."""
     points = exhaustive(knobs, work, skip)
     print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
     sweep_started = time.monotonic()
@@ -272,7 +284,18 @@ def _sweep(
         if anchor_point["status"] != "passed" or anchor_point["speedup"] is None:
             raise SystemExit(f"the anchor {anchor_config} did not pass: {anchor_point['error']}")
         anchor_gain = anchor_point["speedup"]
-    swept = []
+    swept: list[dict[str, Any]] = []
+
+    def doc() -> dict[str, Any]:
+        return {
+            "knobs": knobs,
+            "skipped": skip,
+            "anchor": anchor_point,
+            "combinations": len(points),
+            "seconds": round(time.monotonic() - sweep_started, 1),
+            "points": swept,
+        }
+
     for config, build_dir in points:
         p = _point(supervisor.run(build_dir, description="exhaustive", against=against), config)
         p["vsAnchor"], p["speedup"] = p["speedup"], p["speedup"] and p["speedup"] * anchor_gain
@@ -282,14 +305,8 @@ def _sweep(
             file=sys.stderr,
         )
         swept.append(p)
-    return {
-        "knobs": knobs,
-        "skipped": skip,
-        "anchor": anchor_point,
-        "combinations": len(points),
-        "seconds": round(time.monotonic() - sweep_started, 1),
-        "points": swept,
-    }
+        progress(doc())
+    return doc()
 
 
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
@@ -347,10 +364,20 @@ def main() -> int:
         help="seconds one experiment may take (default: polymorph compile's for --device)",
     )
     parser.add_argument(
+        "--sweep-timeout",
+        type=float,
+        help="seconds one sweep point may take (default: --experiment-timeout); the campaign keeps its own",
+    )
+    parser.add_argument(
         "--sweep-from",
         type=Path,
         metavar="RESULT.json",
         help="skip the sweep: take the exhaustive best of an earlier result (same device and model)",
+    )
+    parser.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="stop after the sweep (a later run takes it with --sweep-from and runs the campaign)",
     )
     parser.add_argument(
         "--max-experiments",
@@ -377,6 +404,8 @@ def main() -> int:
         args.deadline = str(defaults["deadline"])
     if args.experiment_timeout is None:
         args.experiment_timeout = parse_duration(str(defaults["experiment_timeout"]))
+    if args.sweep_timeout is None:
+        args.sweep_timeout = args.experiment_timeout
     knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
     # Bad flags fail before the worker starts.
     _check(args)
@@ -403,7 +432,7 @@ def main() -> int:
         dtype=args.dtype,
         workload=workload,
         gates=gates,
-        experiment_timeout=args.experiment_timeout,
+        experiment_timeout=args.sweep_timeout,
         settings=BenchSettings(),
         fit=args.device != "cpu",
         threads=threads,
@@ -424,13 +453,26 @@ def main() -> int:
         if previous is not None:
             sweep_doc = previous
         else:
-            sweep_doc = _sweep(supervisor, knobs, args.skip, anchor_config, work)
+            sweep_doc = _sweep(
+                supervisor,
+                knobs,
+                args.skip,
+                anchor_config,
+                work,
+                lambda so_far: write(meta | {"partial": True, "exhaustive": so_far}),
+            )
         tops = contenders(sweep_doc["points"])
         if not tops:
             raise SystemExit("no point of the exhaustive sweep passed; nothing to compare the campaign with")
         sweep_doc |= {"best": tops[0], "contenders": [p["config"] for p in tops]}
+        if args.sweep_only:
+            doc = meta | {"exhaustive": sweep_doc, "wallS": round(time.monotonic() - started, 1)}
+            write(doc)
+            print(json.dumps(doc, indent=2))
+            return 0
         write(meta | {"partial": True, "exhaustive": sweep_doc})  # in case the campaign does not finish
 
+        supervisor.experiment_timeout = args.experiment_timeout  # the campaign's, as polymorph compile's
         store = open_store(str(work / "store"))
         settings = CampaignSettings(
             paths=CampaignPaths("local", "search-quality", config_uid({"t": time.time()})),
@@ -440,7 +482,12 @@ def main() -> int:
             workload_hash=workload.digest,
             objective=Objective(),
             gates=gates,
-            budget=Budget(maxExperiments=args.max_experiments, deadline=args.deadline, sandboxes=1),
+            budget=Budget(
+                maxExperiments=args.max_experiments,
+                deadline=args.deadline,
+                sandboxes=1,
+                experimentTimeout=f"{args.experiment_timeout:g}s",
+            ),
             model=args.model,
             hardware=args.device,
             agent="search",

@@ -322,11 +322,17 @@ def test_sandboxes_explore_disjoint_shares(tmp_path: Path, base: Path) -> None:
 
 def test_a_win_that_does_not_hold_up_is_not_declared(tmp_path: Path, base: Path) -> None:
     class SpikeRunner(LandscapeRunner):
-        """Every knob is neutral, but the baseline passes of the first paired run hit a load spike."""
+        """Every knob is neutral, but the baseline passes of the first paired screen and of the
+        first full paired run (that build's final pairing, the record that stands for it) hit a
+        load spike."""
+
+        spiked = False
 
         def figures_of(self, knobs: dict[str, Any], shift: int = 0) -> Figures:
-            spiked = len(self.ran) == 2 and shift == 1
-            return figures(50.0 if spiked else 100.0, self.jitter, shift=shift)
+            full = not self.screens[-1] and len(self.ran) > 1
+            spike = shift == 1 and (len(self.ran) == 2 or (full and not self.spiked))
+            self.spiked |= spike and full
+            return figures(50.0 if spike else 100.0, self.jitter, shift=shift)
 
     store = open_store(str(tmp_path / "store"))
     out = Campaign(settings(base, confirm=True), store, SpikeRunner()).run(SearchAgent())
@@ -403,6 +409,51 @@ def test_no_improvement_is_explicit() -> None:
     assert lo < 1.05 < hi and doc["bestCandidate"]["pairs"] == 6
     assert "does not clear the 1.05x gate" in doc["message"]
     json.dumps(doc)
+
+
+def test_a_builds_lucky_screen_does_not_speak_for_it_over_its_final() -> None:
+    # A screen read 8x; the final pairing with the baseline (the full protocol) 6x.
+    base = record(BASE_ID, figures(100))
+    lucky, full = figures(800, shift=2), figures(600)
+    screen = record(CAND_ID, lucky, paired(lucky, figures(100, shift=1), BASE_ID))
+    screen = screen.model_copy(update={"screen": True})
+    final = record(CAND_ID, full, paired(full, figures(100, shift=3), BASE_ID))
+    doc = select_result({0: [base, screen, final]}, BASE_ID, Objective(), Gates()).model_dump(mode="json")
+    assert doc["state"] == "improved"
+    assert doc["best"]["speedup"] == pytest.approx(6.0, rel=0.02)
+
+
+def test_a_slow_to_prepare_value_waits_while_the_time_left_is_short(tmp_path: Path) -> None:
+    # attn=fused compiles for tens of seconds (slow_prepare); it is the best value. Under a
+    # 2-minute deadline and a 30 s timeout the agent never has four timeouts left: it screens
+    # only what prepares fast. With an hour, it screens attn=fused and keeps it.
+    base = tmp_path / "toy"
+    base.mkdir()
+    (base / "build.toml").write_text(
+        TOML.replace('default = "naive"', 'default = "naive"\nslow_prepare = ["fused"]')
+    )
+    (base / "hotpath.py").write_text("def load(model, knobs):\n    raise NotImplementedError\n")
+    now = [0.0]
+
+    class TimedRunner(LandscapeRunner):
+        def run(
+            self, build_dir: Path, *, description: str = "", against: Path | None = None, screen: bool = False
+        ) -> ExperimentRecord:
+            now[0] += 5.0
+            return super().run(build_dir, description=description, against=against, screen=screen)
+
+    kept = {}
+    for deadline in ("2m", "1h"):
+        runner = TimedRunner()
+        budget = Budget(maxExperiments=40, deadline=deadline, sandboxes=1, experimentTimeout="30s")
+        s = settings(base, budget=budget, paths=CampaignPaths("local", "toy", config_uid({"d": deadline})))
+        out = Campaign(s, open_store(str(tmp_path / deadline)), runner, clock=lambda: now[0]).run(
+            SearchAgent()
+        )
+        assert out.result.best is not None
+        kept[deadline] = (out.result.best.knobs["attn"], {k["attn"] for k, _ in runner.ran})
+    assert kept["2m"] == ("naive", {"naive"})
+    assert kept["1h"][0] == "fused"
 
 
 def test_budget_exhausted_carries_its_reason() -> None:

@@ -24,10 +24,12 @@ COMPILED = "compile"
 
 def eager_reference_build(folder: Path) -> Path:
     """A copy of the reference build at ``folder`` whose knobs declare no ``compile`` value; every
-    other knob, value, default, requirement and ``accelerator_only`` list is the reference's."""
+    other knob, value, default, requirement and ``accelerator_only`` list is the reference's
+    (``slow_prepare``, which lists only ``compile``, goes with it)."""
     shutil.copytree(REFERENCE_BUILD, folder, ignore=shutil.ignore_patterns("__pycache__"))
     toml = folder / "build.toml"
-    toml.write_text(re.sub(rf'(choices = \[[^\]\n]*), "{COMPILED}"', r"\1", toml.read_text()))
+    text = re.sub(rf'(choices = \[[^\]\n]*), "{COMPILED}"', r"\1", toml.read_text())
+    toml.write_text(re.sub(rf'\nslow_prepare = \["{COMPILED}"\]', "", text))
     reference, eager = read_build(REFERENCE_BUILD).knobs, read_build(folder).knobs
     assert eager.keys() == reference.keys()
     for name, knob in reference.items():

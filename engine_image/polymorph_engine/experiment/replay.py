@@ -103,6 +103,8 @@ class RecordedSpace:
     timeout_prepare_s: float = 60.0
     requires: dict[str, dict[str, Any]] = field(default_factory=dict)
     """What each knob's non-default values require (as in the recorded build's build.toml)."""
+    slow_prepare: dict[str, list[Any]] = field(default_factory=dict)
+    """Each knob's values that its build.toml declares slow to prepare (torch.compile)."""
 
     def lookup(self, config: Mapping[str, Any]) -> RecordedConfig | None:
         found = self.configs.get(config_key({k: config[k] for k in self.knobs if k in config}))
@@ -139,6 +141,9 @@ class RecordedSpace:
             if self.requires.get(name):
                 needs = ", ".join(f"{k} = {_toml(v)}" for k, v in self.requires[name].items())
                 lines.append(f"requires = {{ {needs} }}")
+            slow = [v for v in self.slow_prepare.get(name, ()) if v in choices]
+            if slow:
+                lines.append(f"slow_prepare = {_toml(slow)}")
         (dest / "build.toml").write_text("\n".join(lines) + "\n")
         (dest / "hotpath.py").write_text(
             '"""Never imported: the replay measures this build from recordings."""\n'
@@ -218,8 +223,14 @@ class RecordedSpace:
             for k in varied
             if k in spec.knobs and spec.knobs[k].requires and set(spec.knobs[k].requires) <= set(varied)
         }
+        slow = {
+            k: list(spec.knobs[k].slow_prepare)
+            for k in varied
+            if k in spec.knobs and spec.knobs[k].slow_prepare
+        }
         return cls(
             requires=requires,
+            slow_prepare=slow,
             knobs=choices,
             defaults=defaults,
             configs=configs,

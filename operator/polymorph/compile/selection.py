@@ -337,8 +337,13 @@ def select_result(
         if base is None:
             continue
         graph = rank(records, base_build, objective)
-        for r in records:
-            if r.build != base_build and eligible(r, objective) and _paired_with(r, base_build):
+        # One record per build: the one that stands for it (full and paired with the baseline
+        # before a screen), so a build's lucky screen cannot speak for it over its own final.
+        standing_records = (
+            record_of(records, b, base_build, objective) for b in dict.fromkeys(r.build for r in records)
+        )
+        for r in standing_records:
+            if r is not None and r.build != base_build and _paired_with(r, base_build):
                 s = score(r, base, objective, gates.minSpeedup)
                 if s is not None:
                     scored.append(s)

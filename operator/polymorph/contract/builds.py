@@ -66,7 +66,7 @@ REFERENCE_BUILD: Path = _reference_build()
 
 KnobValue = str | bool | int | float
 _BUILD_KEYS = {"name", "parent", "entry", "description", "notes"}
-_KNOB_KEYS = {"choices", "default", "description", "requires", "accelerator_only"}
+_KNOB_KEYS = {"choices", "default", "description", "requires", "accelerator_only", "slow_prepare"}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -83,6 +83,10 @@ class Knob:
     accelerator_only: tuple[KnobValue, ...] = ()
     """Values that act only on an accelerator: on a CPU they compute as the default does (a CUDA
     graph, a Triton kernel), so a campaign on a CPU does not search them."""
+    slow_prepare: tuple[KnobValue, ...] = ()
+    """Values whose prepare compiles (``torch.compile``): tens of seconds the first time on an
+    accelerator, where the other values take a second or two. A search under a short budget
+    leaves them for last (``SearchAgent``)."""
 
     def choices_on(self, device: str) -> tuple[KnobValue, ...]:
         """The choices a campaign on ``device`` (``cpu``, ``cuda``, an accelerator's name) searches."""
@@ -212,7 +216,11 @@ def _read_knob(where: str, name: str, doc: object) -> Knob:
     if not isinstance(doc, dict):
         raise BuildError(f"{where}: {path} must be a table with choices and default.")
     _refuse_unknown_fields(
-        where, path, doc, _KNOB_KEYS, "choices, default, description, requires, accelerator_only"
+        where,
+        path,
+        doc,
+        _KNOB_KEYS,
+        "choices, default, description, requires, accelerator_only, slow_prepare",
     )
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -246,7 +254,10 @@ def _read_knob(where: str, name: str, doc: object) -> Knob:
         raise BuildError(
             f"{where}: {path}.accelerator_only may not hold the default, which every device runs."
         )
-    return Knob(tuple(choices), default, description, dict(requires), tuple(accelerated))
+    slow = doc.get("slow_prepare", [])
+    if not isinstance(slow, list) or not all(any(_same(a, c) for c in choices) for a in slow):
+        raise BuildError(f"{where}: {path}.slow_prepare must be a list of its choices.")
+    return Knob(tuple(choices), default, description, dict(requires), tuple(accelerated), tuple(slow))
 
 
 def _coerce(knob: Knob, value: object) -> KnobValue | None:

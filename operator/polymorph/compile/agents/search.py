@@ -32,7 +32,12 @@ Plan (the agent only screens; the campaign's judgement settles the result):
    configuration ``MIN_GAIN`` above the leader, or the agent's budget ends (the campaign keeps
    a reserve of experiments and seconds for its judgement: races of the contenders by the
    full protocol, and the leader paired with the baseline).
-4. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
+4. A configuration holding a value its knob declares ``slow_prepare`` (a torch.compile: tens of
+   seconds to prepare the first time on an accelerator) is screened only while the agent's
+   seconds left hold ``SLOW_PREPARE_SHARE`` experiment timeouts. Under a short deadline (two
+   minutes and a 30 s timeout, ``polymorph compile --device cuda``'s defaults) the search spends
+   its time on the builds that prepare in a second or two.
+5. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
    ready yet", not "slow") is tried once more after the rest, when the persistent compile
    cache has its artifacts. Until then, a configuration is deferred when it holds every value
    of a timed-out one that no passed configuration held, or, when each of those values passed
@@ -65,6 +70,7 @@ from polymorph.compile.campaign import Campaign
 from polymorph.compile.ranking import Ranking, log_se
 from polymorph.compile.selection import EdgeMemo, rank
 from polymorph.contract.api import ExperimentRecord
+from polymorph.contract.api.common import parse_duration
 from polymorph.contract.builds import knob_variant, read_build
 from polymorph.contract.store import build_id
 
@@ -101,6 +107,10 @@ PRIOR_PAIR = 0.35
 """Prior standard deviation of one pair's interaction on log throughput."""
 MISFIT = 0.03
 """Added in quadrature to each measurement's standard error: what two-knob effects cannot explain."""
+SLOW_PREPARE_SHARE = 4
+"""A configuration holding a value its knob declares ``slow_prepare`` (a torch.compile) is screened
+only while the agent's seconds left hold this many experiment timeouts: a cold compilation that
+runs into the timeout then costs at most a quarter of what is left."""
 
 
 def config_key(config: Config) -> str:
@@ -293,6 +303,8 @@ class SearchAgent:
 
         timed_out: list[frozenset[tuple[str, str]]] = []  # the values of each configuration that timed out
         passed: set[tuple[str, str]] = set()  # values seen in a configuration that passed
+        slow = {(name, json.dumps(v)) for name, knob in spec.knobs.items() for v in knob.slow_prepare}
+        slow_after = SLOW_PREPARE_SHARE * parse_duration(campaign.settings.budget.experimentTimeout)
 
         def values(config: Config) -> frozenset[tuple[str, str]]:
             return frozenset((k, json.dumps(v)) for k, v in config.items() if v != defaults[k])
@@ -315,13 +327,18 @@ class SearchAgent:
                 passed.update(values(config))
             comparator = self._comparator(campaign, comparator)
 
-        # 1.-3. Thompson sampling over the knob model until no configuration is likely to gain.
+        # 1.-4. Thompson sampling over the knob model until no configuration is likely to gain.
         features = model.matrix(mine)
         keys = [config_key(c) for c in mine]
         held = [values(c) for c in mine]
         picks = 0
         while True:
-            open_ = [i for i, k in enumerate(keys) if k not in screened and not deferred(i)]
+            cheap_only = campaign.budget.seconds_left() < slow_after
+            open_ = [
+                i
+                for i, k in enumerate(keys)
+                if k not in screened and not deferred(i) and not (cheap_only and held[i] & slow)
+            ]
             if not open_:
                 break
             model.fit(self._observations(campaign))
@@ -338,7 +355,7 @@ class SearchAgent:
             pick = mine[open_[int(np.argmax(candidates @ weights))]]
             screen(pick, f"{'exploit' if exploit else 'screen'}: {_diff(defaults, pick)}")
 
-        # 4. What timed out preparing gets one more try, warm.
+        # 5. What timed out preparing gets one more try, warm.
         for config in retry:
             spent = max(r.timings.totalS for r in self.tried.values() if r.status == "timeout")
             if campaign.budget.seconds_left() < spent:
