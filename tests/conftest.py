@@ -1,5 +1,8 @@
-"""Fixtures shared by every test: artifact stores, local and S3, the S3 one over real HTTP.
+"""Fixtures shared by every test: artifact stores, local and S3, the S3 one over real HTTP, and the
+real control plane.
 
+- ``control_plane`` (session): the real Kubernetes control plane of tests/operator and
+  tests/control_plane, one per worker process (see its docstring).
 - ``moto_s3`` (session): moto's ``ThreadedMotoServer`` on 127.0.0.1 at a free port; yields
   its endpoint URL. It speaks the real S3 wire protocol, so boto3 is never patched.
 - ``s3_server`` (function): that endpoint URL, with the standard AWS environment pointed at
@@ -29,11 +32,15 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
 import pytest
 
 from polymorph.contract.store import LocalStore, S3Store, Store
+
+if TYPE_CHECKING:
+    from support.control_plane import ControlPlane
 
 _ENVIRON_AT_START: dict[str, str] = {}
 
@@ -104,6 +111,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     )
     if changed:
         raise pytest.UsageError(f"collecting the tests changed the environment: {', '.join(changed)}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (``support.control_plane``: etcd, kube-apiserver, the controller
+    manager and the scheduler; about 5 CPU-seconds to start, and a few hundredths of a core while
+    it serves) for every test of this worker process that asks for it, tests/operator's and
+    tests/control_plane's alike, with the project's CRDs (created before the controller manager
+    starts, so its garbage collector knows them from the start). The tests share it and keep
+    apart by namespaces; a test that changes cluster-scoped state (a CRD, a node) puts it back."""
+    from support.control_plane import ControlPlane
+
+    crds = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
+    with ControlPlane(tmp_path_factory.mktemp("control-plane"), crds=crds) as running:
+        yield running
 
 
 S3_REGION = "us-east-1"

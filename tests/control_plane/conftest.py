@@ -1,7 +1,9 @@
 """Fixtures of the tests against the real control plane (``support.control_plane``).
 
-- ``control_plane`` (session): etcd, kube-apiserver, kube-controller-manager and kube-scheduler,
-  started once for every test here; each test works in a namespace of its own.
+- ``control_plane`` (session, tests/conftest.py): etcd, kube-apiserver, kube-controller-manager
+  and kube-scheduler, started once for every test of the worker process that asks for it, these
+  and tests/operator's alike, with the project's CRDs; each test works in a namespace of its own,
+  and a test that changes cluster-scoped state puts it back.
 - ``kubectl`` (session): the real kubectl as the admin, ``kubectl(*args, stdin=..., check=...)``.
 - ``crds`` (session): the project's CRDs applied with that kubectl and Established.
 - ``namespace`` (function): a fresh namespace, deleted after the test.
@@ -19,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from support.control_plane import ControlPlane, control_plane
+from support.control_plane import ControlPlane
 from support.k8s_binaries import helm as helm_binary
 from support.k8s_binaries import kubectl as kubectl_binary
 from support.prometheus import prometheus
 
-__all__ = ["control_plane", "prometheus"]
+__all__ = ["prometheus"]
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_NAMES = ("compilejobs.polymorph.dev", "modeldeployments.polymorph.dev")

@@ -70,6 +70,10 @@ def installed(
     yield release, home, watched
     helm("uninstall", release, "-n", home)
     kubectl("delete", "namespace", home, watched, "--wait=false")
+    # The chart keeps kopf's peering CRD on uninstall; the control plane is shared with
+    # tests/operator, whose peering test starts with none, so it is deleted here (and waited for).
+    crd = "clusterkopfpeerings.kopf.dev" if mode == "cluster-wide" else "kopfpeerings.kopf.dev"
+    kubectl("delete", "crd", crd, "--timeout=60s")
 
 
 def test_two_replicas_one_acts_and_the_standby_takes_over(

@@ -1,15 +1,16 @@
-"""Fixtures of the operator's integration tests: the real control plane (``control_plane``, one per
-worker process, with the CRDs), a fresh namespace on it for each test (``ns``) and the admin's
+"""Fixtures of the operator's integration tests: the real control plane (``control_plane`` of
+tests/conftest.py, one per worker process, with the CRDs, shared with tests/control_plane), a
+fresh namespace on it for each test (``ns``) and the admin's
 client scoped to it (``real_cluster``), the operator process watching that namespace
 (``real_operator``), a node agent whose pods are stand-ins (``real_kubelet``: engines report
 ready, sandboxes finish on ``sandboxes_done``), a real Prometheus and the fake engine endpoints it
 scrapes (``engines``).
 
-The tests share the control plane and are kept apart by their namespaces: what a test made stays
-in its own (kopf's finalizers keep its ModelDeployments and CompileJobs there once the operator
-stops, and no operator watches that namespace again), except the workloads, which ``ns`` deletes
-on the way out so that no controller keeps making pods for a later test's node. A test that
-changes cluster-scoped state (a CRD) puts it back itself."""
+The tests share the control plane and are kept apart by their namespaces: on the way out, ``ns``
+deletes what a test made in its own, the workloads so that no controller keeps making pods for a
+later test's node, and the ModelDeployments and CompileJobs with kopf's finalizers taken off (the
+operator has stopped), so that a later cluster-wide operator (tests/control_plane's peering
+test) finds none of them. A test that changes cluster-scoped state (a CRD) puts it back itself."""
 
 from __future__ import annotations
 
@@ -32,25 +33,15 @@ __all__ = ["prometheus"]
 _NAMESPACES = itertools.count(1)
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One real control plane (``support.control_plane``, about 5 s to start) for every test here in
-    this worker process, with the project's CRDs (created before the controller manager starts, so
-    its garbage collector knows them from the start). It replaces ``support.control_plane``'s
-    fixture of that name in this directory: the start-up tests use it as it is."""
-    crds = sorted((REPO / "crds").glob("*.yaml"))
-    with ControlPlane(tmp_path_factory.mktemp("control-plane"), crds=crds) as running:
-        yield running
-
-
 @pytest.fixture
 def ns(control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace (``inference-<n>``) with its default service account, for this test alone.
     On the way out, its Deployments, ReplicaSets, Jobs, Pods, Services, ModelDeployments and
     CompileJobs are deleted (the namespace stays): the Deployment, ReplicaSet and Job controllers
     would otherwise keep making pods that the scheduler binds to a later test's node, and a
-    Service holds one of the few ClusterIPs. Objects that carry kopf's finalizers stay, marked for
-    deletion, as no operator watches this namespace any more; nothing needs them gone."""
+    Service holds one of the few ClusterIPs. No operator watches this namespace any more, so the
+    ModelDeployments and CompileJobs that carry kopf's finalizers lose them here and go: a
+    cluster-wide operator of a later test would otherwise act on them."""
     name = f"inference-{next(_NAMESPACES)}"
     with control_plane.api(timeout=30) as client:
         api = Api(control_plane.url, client, ns=name)
@@ -72,6 +63,15 @@ def ns(control_plane: ControlPlane) -> Iterator[str]:
             api.delete(collection)
         for service in api.items(f"/api/v1/namespaces/{name}/services"):
             api.delete(f"/api/v1/namespaces/{name}/services/{service['metadata']['name']}")
+        for kind in ("modeldeployments", "compilejobs"):
+            for item in api.items(f"{GROUP}/namespaces/{name}/{kind}"):
+                if item["metadata"].get("finalizers"):
+                    unheld = client.patch(
+                        f"{GROUP}/namespaces/{name}/{kind}/{item['metadata']['name']}",
+                        json={"metadata": {"finalizers": None}},
+                        headers={"Content-Type": "application/merge-patch+json"},
+                    )
+                    assert unheld.status_code in (200, 404), unheld.text
 
 
 @pytest.fixture

@@ -246,13 +246,24 @@ def test_plugin_steers_a_manual_rollout(
     listed_text = plugin("list", "-n", ns).stdout
     assert listed_text.splitlines()[0].split()[:4] == ["NAMESPACE", "NAME", "PHASE", "STATUS"]
     assert any(line.split()[1] == "chat" for line in listed_text.splitlines()[1:])
-    # -A: every namespace's, just as the API server lists them across namespaces (the control plane
-    # is shared: earlier tests' deployments stay in their namespaces), this test's among them.
-    everywhere = [(v["namespace"], v["name"]) for v in json.loads(plugin("list", "-A", "-o", "json").stdout)]
-    served = sorted(
-        (m["metadata"]["namespace"], m["metadata"]["name"]) for m in api.items(f"{GROUP}/modeldeployments")
+
+    # -A: every namespace's, just as the API server lists them across namespaces, this test's among
+    # them. The control plane is shared: an earlier test's namespace (tests/control_plane deletes
+    # theirs without waiting) may still be going, so the server lists them before and after the
+    # plugin, and the plugin's list is compared with theirs once nothing changed meanwhile.
+    def served() -> list[tuple[str, str]]:
+        items = api.items(f"{GROUP}/modeldeployments")
+        return sorted((m["metadata"]["namespace"], m["metadata"]["name"]) for m in items)
+
+    def listed_while_still() -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:
+        before = served()
+        listed = [(v["namespace"], v["name"]) for v in json.loads(plugin("list", "-A", "-o", "json").stdout)]
+        return (listed, before) if served() == before else None
+
+    everywhere, still = wait_for(
+        "the deployments of every namespace, unchanged", listed_while_still, timeout=30
     )
-    assert everywhere == served and (ns, "chat") in everywhere, (everywhere, served)
+    assert everywhere == still and (ns, "chat") in everywhere, (everywhere, still)
 
     # Bad input: one sentence, exit 2, no traceback.
     for args, words in [

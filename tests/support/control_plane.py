@@ -31,8 +31,8 @@ seconds each server took to be ready. Leaving the context stops the
 servers, last started first, and removes the folder unless it was given. A missing binary
 fails at once with one sentence (``ControlPlaneUnavailable``).
 
-- ``control_plane`` fixture (session): one started control plane for every test of the session
-  that asks for it; tests share it, so each works in a namespace of its own.
+- ``control_plane`` fixture (session, in tests/conftest.py): one started control plane, with
+  the project's CRDs, for every test of a worker process that asks for it.
 - ``python -m support.control_plane [--kubeconfig K]``: the same until SIGTERM or SIGINT,
   printing the timings.
 """
@@ -51,12 +51,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -67,7 +66,7 @@ from support import probes, yamls
 from support.control_plane_build import VERSION, ControlPlaneUnavailable, binaries
 from support.prometheus import free_port
 
-__all__ = ["ADMIN", "ControlPlane", "ControlPlaneUnavailable", "control_plane", "write_kubeconfig"]
+__all__ = ["ADMIN", "ControlPlane", "ControlPlaneUnavailable", "write_kubeconfig"]
 
 ADMIN = "polymorph-admin"
 # Every request of the admin, of service accounts outside kube-system and of nodes, at the
@@ -491,13 +490,6 @@ def _etcd_healthy(port: int) -> bool:
     """etcd's ``/health`` says so (through ``support.probes``: no client, no SSL context a poll)."""
     answer = probes.get(port, "/health", timeout=2)
     return answer is not None and json.loads(answer[1]).get("health") == "true"
-
-
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One real control plane for the session (``.kubeconfig``, ``.url``, ``.api()``, ``.timings``)."""
-    with ControlPlane(tmp_path_factory.mktemp("control-plane")) as running:
-        yield running
 
 
 def main(argv: list[str] | None = None) -> None:
