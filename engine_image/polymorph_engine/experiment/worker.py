@@ -43,7 +43,8 @@ __all__ = ["compile_cache_dir", "worker_loop"]
 
 
 def compile_cache_dir() -> Path:
-    """Where torch.compile keeps its artifacts across experiments, worker restarts and campaigns:
+    """Where torch.compile (and Triton, in ``triton/`` under it unless ``$TRITON_CACHE_DIR`` is set)
+    keeps its artifacts across experiments, worker restarts and campaigns:
     ``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``$POLYMORPH_COMPILE_CACHE``, else
     ``$XDG_CACHE_HOME/polymorph/inductor`` (``~/.cache``). A candidate whose compilation ran past
     the experiment timeout keeps what it compiled there, so its retry starts warm."""
@@ -63,6 +64,8 @@ def worker_loop(conn: Connection, config: WorkerConfig) -> None:
         with contextlib.suppress(OSError):  # unwritable: inductor falls back to its own temp dir
             cache.mkdir(parents=True, exist_ok=True)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+            # Triton's own kernels and tuned tiles (a build's Triton kernels) beside inductor's.
+            os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
 
         if config.threads is not None:
             torch.set_num_threads(config.threads)
