@@ -27,7 +27,11 @@ BAD_FLAGS = [
         "--anchor 'kv_cache=nope': knob 'kv_cache' of build 'reference' must be one of concat, static",
     ),
     ("search_quality.py", ["--sweep-from", "/nonexistent.json"], "--sweep-from /nonexistent.json: not a"),
-    ("search_quality.py", ["--sweep-only", "--sweep-from", "x.json"], "--sweep-only and --sweep-from: give one"),
+    (
+        "search_quality.py",
+        ["--sweep-only", "--sweep-from", "x.json"],
+        "--sweep-only and --sweep-from: give one",
+    ),
     ("search_quality.py", ["--sweep-timeout", "-1"], "--sweep-timeout must be a positive number of seconds"),
     ("search_quality.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
     ("decode.py", ["--device", "cpu", "--models", "nope"], "--models must name shapes from"),
