@@ -124,3 +124,16 @@ def test_a_rank_that_fails_alone_is_named(
     assert time.monotonic() - started < 15
     with pytest.raises(RankFailed, match="the tensor-parallel group is broken"):
         hotpath.new_cache(1, 8)
+
+
+def test_a_follower_slow_to_start_is_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each follower's interpreter sleeps 4 s before it imports anything (a sitecustomize on its
+    # path), as torch's import can on a busy CPU: longer than the 3 s that judge a collective.
+    # The rendezvous waits for it.
+    site = tmp_path / "slow-start"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import time\ntime.sleep(4)\n")
+    monkeypatch.syspath_prepend(str(site))
+    model = launch("tiny", world=2, timeout_s=3, threads=1)
+    assert model.shard is not None
+    model.shard.leader.close()

@@ -78,6 +78,10 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds a collective, or a follower's answer, may take before the rank is called hung."""
+START_TIMEOUT_S = 120.0
+"""Seconds a follower may take to start (the interpreter and torch's import, several seconds on a
+busy CPU) and, once the group is joined, to load its shard; at least ``timeout_s``. The group's
+rendezvous starts only once every follower has started, so ``timeout_s`` never holds a start."""
 
 T = TypeVar("T")
 
@@ -493,9 +497,12 @@ def launch(
     seed: int = 0,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: int | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> LoadedModel:
     """Start a group of ``world`` ranks serving ``source``; returns rank 0's model, whose
     ``shard.leader`` (a ``Leader``) loads builds on every rank. Close it with ``leader.close()``.
+    ``timeout_s`` bounds the rendezvous and every collective; ``start_timeout_s`` each follower's
+    start and shard load (``START_TIMEOUT_S``).
 
     Raises ``UsageError`` (one sentence) when the model does not divide or the node lacks GPUs,
     ``RankFailed`` when a follower cannot start."""
@@ -522,25 +529,31 @@ def launch(
             )
             conn.send_bytes(pickle.dumps(config))
             leader.followers.append(_Follower(rank, process, conn))
+        start_s = max(timeout_s, start_timeout_s)
+        for f in leader.followers:  # each has started (torch imported) before the rendezvous's clock runs
+            _expect(f, "started", start_s, "could not start")
         _init(backend, rendezvous, 0, world, timeout_s, devices[0])
         leader.model = shard_model(full, 0, world, devices[0], leader=leader)
         del full
         for f in leader.followers:  # each says it holds its shard, or why not
-            ready = wait([f.conn], timeout=timeout_s)
-            try:
-                kind, _, error = pickle.loads(f.conn.recv_bytes()) if ready else ("hung", 0, None)
-            except (EOFError, OSError):
-                kind, error = "dead", f"{_exit_reason(f.process)}"
-            if kind != "ready":
-                reason = error or f"did not start within {timeout_s:g} s"
-                raise RankFailed(
-                    f"tensor-parallel rank {f.rank} could not load the model: {reason}", [f.rank]
-                )
+            _expect(f, "ready", start_s, "could not load the model")
     except BaseException:
         leader.broken = RankFailed("the group did not start", [])
         leader.close()
         raise
     return leader.model
+
+
+def _expect(f: _Follower, want: str, timeout_s: float, failing: str) -> None:
+    """Follower ``f``'s next message is ``want`` within ``timeout_s``; else a ``RankFailed`` naming it."""
+    answered = wait([f.conn], timeout=timeout_s)
+    try:
+        kind, _, error = pickle.loads(f.conn.recv_bytes()) if answered else ("hung", 0, None)
+    except (EOFError, OSError):
+        kind, error = "dead", f"{_exit_reason(f.process)}"
+    if kind != want:
+        reason = error or f"did not answer within {timeout_s:g} s"
+        raise RankFailed(f"tensor-parallel rank {f.rank} {failing}: {reason}", [f.rank])
 
 
 # --- ranks 1..N-1 ----------------------------------------------------------------------------
@@ -567,6 +580,7 @@ def follower_main(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to act on
     conn = Connection(fd)
     config: _FollowerConfig = pickle.loads(conn.recv_bytes())
+    conn.send_bytes(pickle.dumps(("started", 0, None)))  # imported: rank 0 may start the rendezvous
     device = torch.device(config.device)
     try:
         if config.threads is not None:
