@@ -247,17 +247,23 @@ def _read_knob(where: str, name: str, doc: object) -> Knob:
         raise BuildError(
             f'{where}: {path}.requires must be a table of knob = value, like {{ kv_cache = "static" }}.'
         )
-    accelerated = doc.get("accelerator_only", [])
-    if not isinstance(accelerated, list) or not all(any(_same(a, c) for c in choices) for a in accelerated):
-        raise BuildError(f"{where}: {path}.accelerator_only must be a list of its choices.")
+    accelerated = _some_choices(where, path, doc, "accelerator_only", choices)
     if any(_same(default, a) for a in accelerated):
         raise BuildError(
             f"{where}: {path}.accelerator_only may not hold the default, which every device runs."
         )
-    slow = doc.get("slow_prepare", [])
-    if not isinstance(slow, list) or not all(any(_same(a, c) for c in choices) for a in slow):
-        raise BuildError(f"{where}: {path}.slow_prepare must be a list of its choices.")
-    return Knob(tuple(choices), default, description, dict(requires), tuple(accelerated), tuple(slow))
+    slow = _some_choices(where, path, doc, "slow_prepare", choices)
+    return Knob(tuple(choices), default, description, dict(requires), accelerated, slow)
+
+
+def _some_choices(
+    where: str, path: str, doc: dict[str, object], name: str, choices: list[KnobValue]
+) -> tuple[KnobValue, ...]:
+    """The knob's list ``name`` (empty when absent), each entry one of its ``choices``."""
+    values = doc.get(name, [])
+    if not isinstance(values, list) or not all(any(_same(a, c) for c in choices) for a in values):
+        raise BuildError(f"{where}: {path}.{name} must be a list of its choices.")
+    return tuple(values)
 
 
 def _coerce(knob: Knob, value: object) -> KnobValue | None:
