@@ -135,6 +135,10 @@ def test_read_build_parses_every_field(tmp_path: Path) -> None:
             '[build]\nname = "x"\n[knobs.k]\nchoices = [1, 2]\ndefault = 1\naccelerator_only = 2\n',
             "knobs.k.accelerator_only",
         ),
+        (
+            '[build]\nname = "x"\n[knobs.k]\nchoices = [1, 2]\ndefault = 1\nslow_prepare = [3]\n',
+            "knobs.k.slow_prepare must be a list of its choices",
+        ),
     ],
 )
 def test_bad_build_toml_is_one_sentence_naming_file_and_field(tmp_path: Path, toml: str, expect: str) -> None:
