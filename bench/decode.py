@@ -46,8 +46,9 @@ the mean context, a MoE layer's experts counted as the E * (1 - (1 - k/E)^B) dis
 select on average; ``roofline_tok_s`` = B * copy bandwidth / those bytes, the bandwidth measured in
 this run by a 1 GiB device-to-device copy. ``roofline_fraction`` = tok_s / roofline_tok_s.
 
-``--profile`` records, for the ``--knobs`` build at batch 1, the top kernels by device time over
-the timed steps (torch.profiler). ``--verify`` judges every ``--knobs`` build on each model
+``--profile`` records, for each ``--knobs`` build and the compiled peer at batch 1, the top
+kernels by device time over extra decode steps after the timed ones (torch.profiler);
+``--profile-batches N,N`` does so at those batches (kernels launched inside CUDA graphs included). ``--verify`` judges every ``--knobs`` build on each model
 against the reference build's golden outputs, as an experiment does (``experiment.verify``: the
 default prompts, teacher-forced, the default gates) and records it under ``verification``. Rows
 that fail record their error; rows past ``--budget-s`` are recorded as skipped, never silently
@@ -115,7 +116,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda", help="cuda; cpu only for smoke runs of the script")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=1e9, help="skip rows that would start after this")
-    p.add_argument("--profile", action="store_true", help="top kernels of the --knobs build at batch 1")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="top kernels of the --knobs builds and the compiled peer at batch 1",
+    )
+    p.add_argument(
+        "--profile-batches",
+        default="",
+        metavar="N,N,...",
+        help="as --profile, at these batches (implies --profile)",
+    )
     p.add_argument(
         "--verify",
         action="store_true",
@@ -150,6 +161,13 @@ def _ints(flag: str, text: str) -> list[int]:
     return values
 
 
+def _profiled(args: argparse.Namespace, batch: int) -> bool:
+    """Whether this batch's rows record a kernel profile (``--profile``: batch 1; ``--profile-batches``)."""
+    if args.profile_batches.strip():
+        return batch in _ints("--profile-batches", args.profile_batches)
+    return bool(args.profile) and batch == 1
+
+
 def _lengths(args: argparse.Namespace) -> list[int]:
     return _ints("--prefill-lengths", args.prefill_lengths) if args.prefill_lengths.strip() else []
 
@@ -180,6 +198,7 @@ def _check_flags(args: argparse.Namespace) -> tuple[list[int], dict[str, set[int
     batches = _ints("--batches", args.batches)
     _workload(args)
     _lengths(args)
+    _profiled(args, 1)
     compiled_batches = {
         "compiled-peer": set(_ints("--compiled-batches", args.compiled_batches)),
         "hf-compiled": set(_ints("--hf-batches", args.hf_batches)),
@@ -267,7 +286,7 @@ def run_polymorph(
 ) -> dict[str, Any]:
     hotpath, _, resolved = load_hotpath(model, build_dir, knobs)
     t = time.perf_counter()
-    profiled = args.profile and batch == 1 and bool(knobs) and torch.cuda.is_available()
+    profiled = _profiled(args, batch) and bool(knobs) and torch.cuda.is_available()
     room = args.prompt + args.warmup + args.steps + (PROFILE_STEPS if profiled else 0) + 8
     cache = hotpath.new_cache(batch, room)
     _sync()
@@ -281,12 +300,7 @@ def run_polymorph(
         state["tokens"] = hotpath.sample(hotpath.decode(cache, slots, state["tokens"]))
 
     seconds = timed_decode(step, args.steps, args.warmup)
-    profile: dict[str, Any] | None = None
-    if profiled:
-        try:
-            profile = kernel_profile(step, PROFILE_STEPS)
-        except Exception as exc:  # the profile is evidence, not the figure: keep the row
-            profile = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    profile = _profile_or_error(step) if profiled else None
     out = {
         "tok_s": batch * args.steps / seconds,
         "prepare_s": prepare_s,
@@ -334,7 +348,14 @@ def verify_builds(
     return out
 
 
-def kernel_profile(step: Callable[[], None], steps: int, top: int = 15) -> dict[str, Any]:
+def _profile_or_error(step: Callable[[], None]) -> dict[str, Any]:
+    try:
+        return kernel_profile(step, PROFILE_STEPS)
+    except Exception as exc:  # the profile is evidence, not the figure: keep the row
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def kernel_profile(step: Callable[[], None], steps: int, top: int = 25) -> dict[str, Any]:
     """Top kernels by device time over ``steps`` calls of ``step``: per-step microseconds."""
     from torch.profiler import ProfilerActivity, profile  # lazy: only --profile needs it
 
@@ -579,7 +600,8 @@ def peer_for(model: Any, batch: int, max_seq: int) -> Peer:
 def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch._inductor.config as inductor_config
 
-    max_seq = args.prompt + args.warmup + args.steps + 8
+    profiled = _profiled(args, batch) and torch.cuda.is_available()
+    max_seq = args.prompt + args.warmup + args.steps + (PROFILE_STEPS if profiled else 0) + 8
     peer = peer_for(model, batch, max_seq)
     toks = prompts(batch, args.prompt, model.config.vocab_size, args.seed, model.device)
     with torch.no_grad():
@@ -599,6 +621,8 @@ def run_peer(model: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]
         prepare_s = time.perf_counter() - t
         seconds = timed_decode(step, args.steps, max(0, args.warmup - 3))
         out: dict[str, Any] = {"tok_s": batch * args.steps / seconds, "prepare_s": prepare_s}
+        if profiled:
+            out["profile"] = _profile_or_error(step)
         lengths = _lengths(args)
         if lengths:
             del peer, decode, state

@@ -6,7 +6,8 @@
 #   bash bench/h200.sh all        # 1 without the sweep (an earlier one's best), then batch-1 decode
 #   bash bench/h200.sh fidelity   # 3. the sampled-steps estimate against full replays, three shapes
 #   bash bench/h200.sh shapes     # 4. a sweep and a campaign per shape (bench/shapes/*.yaml)
-#   bash bench/h200.sh moe        # 5. qwen3-30b-a3b: MoE builds beside the peers at batch 1, 8, 32; a campaign
+#   bash bench/h200.sh moe [decode|search]  # 5. qwen3-30b-a3b: MoE builds beside the peers at batch 1, 8,
+#                                 #    32 (decode); a sweep and a campaign (search); both by default
 #
 # 1. bench/search_quality.py on llama-8b bf16: the reference alone, an exhaustive sweep of the
 #    decode-path knobs (paired with a fused anchor), then a 30-experiment campaign from the
@@ -26,8 +27,8 @@
 #    lengths, and composes each one's tok/s on the shape from those timings.
 # 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): four MoE builds (the stacked experts
 #    gathered, grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
-#    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline;
-#    then bench/search_quality.py: a sweep of the MoE knobs and a campaign from the reference on
+#    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline,
+#    each row with its top kernels (--profile-batches); then bench/search_quality.py: a sweep of the MoE knobs and a campaign from the reference on
 #    polymorph compile's --device cuda defaults, head to head with the sweep's best.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
 # transformers; pydantic, structlog and boto3 & co. come from PYTHONPATH when the image lacks them.
@@ -131,7 +132,7 @@ w = read_workload(sys.argv[1])[0]
 print(w.concurrency, round(statistics.fmean(plan(w).homes)))
 ' "bench/shapes/$s.yaml")
         python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches "$C" --compiled-batches "$C" --hf-batches "$C" \
-            --engines polymorph,compiled-peer,hf-compiled --prompt "$CTX" --steps 128 \
+            --engines polymorph,compiled-peer,hf-compiled --prompt "$CTX" --steps 128 --profile-batches "$C" \
             --workload "bench/shapes/$s.yaml" --knobs "${KEPT%%;*}" --budget-s "${DECODE_BUDGET_S:-240}" --json \
             --out "$OUT/decode-$MODEL-$s-$DATE.json" >/dev/null || echo "$s: decode exited $?"
     done
@@ -139,20 +140,26 @@ print(w.concurrency, round(statistics.fmean(plan(w).homes)))
 moe)
     MODEL=${MODEL:-qwen3-30b-a3b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16}  # qwen3-moe-tiny, cpu, float32: a smoke run
     F=kv_cache=static,decode_step=fused,kernels=triton,attention=sdpa,sampling=device,moe_routing=fused
-    echo "$(date -u +%T) moe: decode"
-    python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches 1,8,32 \
-        --compiled-batches 1,8,32 --hf-batches 1,8,32 --engines polymorph,compiled-peer,hf-compiled \
-        --steps 128 --verify --budget-s "${DECODE_BUDGET_S:-300}" --json \
-        --knobs "$F,moe_experts=gather;$F,moe_experts=grouped;$F,moe_experts=triton;$F,moe_experts=triton,gemv=triton" \
-        --out "$OUT/decode-$MODEL-$DATE.json" >/dev/null || echo "moe: decode exited $?"
-    echo "$(date -u +%T) moe: search"
-    timeout "${SHAPE_BUDGET_S:-240}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
-        --dtype "$DTYPE" --knobs moe_experts,kernels --skip kernels=compile \
-        --anchor "$F" --sweep-timeout 90 ${CAMPAIGN_FLAGS:-} \
-        --out "$OUT/search-quality-$MODEL-$DATE.json" >/dev/null || echo "moe: search exited $?"
+    PART=${2:-all}
+    case "$PART" in all | decode | search) ;; *) echo "bench/h200.sh moe: the part must be decode or search; got $PART" >&2; exit 2 ;; esac
+    if [ "$PART" != search ]; then
+        echo "$(date -u +%T) moe: decode"
+        python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches 1,8,32 \
+            --compiled-batches 1,8,32 --hf-batches 1,8,32 --engines polymorph,compiled-peer,hf-compiled \
+            --steps 128 --verify --profile-batches 1,8,32 --budget-s "${DECODE_BUDGET_S:-300}" --json \
+            --knobs "$F,moe_experts=gather;$F,moe_experts=grouped;$F,moe_experts=triton;$F,moe_experts=triton,gemv=triton" \
+            --out "$OUT/decode-$MODEL-$DATE.json" >/dev/null || echo "moe: decode exited $?"
+    fi
+    if [ "$PART" != decode ]; then
+        echo "$(date -u +%T) moe: search"
+        timeout "${SHAPE_BUDGET_S:-240}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
+            --dtype "$DTYPE" --knobs moe_experts,kernels --skip kernels=compile \
+            --anchor "$F,moe_experts=triton" --sweep-timeout 90 ${CAMPAIGN_FLAGS:-} \
+            --out "$OUT/search-quality-$MODEL-$DATE.json" >/dev/null || echo "moe: search exited $?"
+    fi
     ;;
 *)
-    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON | all | fidelity | shapes | moe" >&2
+    echo "usage: bash bench/h200.sh search | decode SEARCH_QUALITY_JSON | all | fidelity | shapes | moe [decode|search]" >&2
     exit 2
     ;;
 esac
