@@ -423,6 +423,27 @@ def test_a_builds_lucky_screen_does_not_speak_for_it_over_its_final() -> None:
     assert doc["best"]["speedup"] == pytest.approx(6.0, rel=0.02)
 
 
+def test_a_build_judged_by_the_full_protocol_is_kept_over_one_only_screened() -> None:
+    # A screen of one build read 8x in a few pairs; the judged leader's final pairing with the
+    # baseline (the full protocol) read 6x. Both clear the gate, and the screen's point estimate
+    # ranks higher by the graph, but only the judged build's verdict was measured in full.
+    other = "sha256:" + "b" * 64
+    base = record(BASE_ID, figures(100))
+    lucky, full = figures(800, shift=2), figures(600)
+    screen = record(other, lucky, paired(lucky, figures(100, shift=1), BASE_ID))
+    screen = screen.model_copy(update={"screen": True})
+    final = record(CAND_ID, full, paired(full, figures(100, shift=3), BASE_ID))
+    for order in ([base, screen, final], [base, final, screen]):
+        doc = select_result({0: order}, BASE_ID, Objective(), Gates()).model_dump(mode="json")
+        assert doc["state"] == "improved"
+        assert doc["best"]["build"] == CAND_ID
+        assert doc["best"]["speedup"] == pytest.approx(6.0, rel=0.02)
+    # With no full record among the winners, the screen's verdict is the result (the
+    # confirmation measures it again).
+    doc = select_result({0: [base, screen]}, BASE_ID, Objective(), Gates()).model_dump(mode="json")
+    assert doc["best"]["build"] == other
+
+
 def test_a_slow_to_prepare_value_waits_while_the_time_left_is_short(tmp_path: Path) -> None:
     # attn=fused compiles for tens of seconds (slow_prepare); it is the best value. Under a
     # 2-minute deadline and a 30 s timeout the agent never has four timeouts left: it screens

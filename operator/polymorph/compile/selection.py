@@ -17,9 +17,10 @@ A comparison of two separately measured builds (no pairing) is reported as a rat
 with a bootstrap interval (``stats.ratio``) but is never significant: drift between two
 measurements minutes apart must not masquerade as a win. ``speedupNoise`` is the interval's
 relative half-width. Among winners (each cleared the gate in its own record paired with the
-baseline) the one with the highest speedup by all the paired evidence (``rank``: a
-least-squares fit over every paired record, races between contenders included) is the
-result; otherwise the result is an explicit "no improvement" naming the closest miss.
+baseline), those measured by the full protocol come before those only screened, and then the
+one with the highest speedup by all the paired evidence (``rank``: a least-squares fit over
+every paired record, races between contenders included) is the result; otherwise the result
+is an explicit "no improvement" naming the closest miss.
 
 Several sandboxes. Each sandbox's candidates are compared with that sandbox's own baseline
 (figures are only comparable within one engine on one host); the result is chosen across
@@ -352,10 +353,13 @@ def select_result(
     first_base = next(b for b in baselines.values() if b is not None)
     winners = [s for s in scored if s.wins]
     if winners:
-        # Every winner's own record cleared the gate paired with the baseline; which of them is
-        # best is judged by all the paired evidence (races between contenders included), so a
-        # lucky screening pass cannot outrank a build that beat it head to head.
-        best = max(winners, key=lambda s: (standing[id(s)], s.estimate.lo))
+        # Every winner's own record cleared the gate paired with the baseline. A winner measured
+        # by the full protocol (the judgement's final pairing, or a race) comes before one only
+        # screened: a few screening pairs can read high, and the judgement settled its leader
+        # in full. Among those, the best is judged by all the paired evidence (races between
+        # contenders included), so a lucky screening pass cannot outrank a build that beat it
+        # head to head.
+        best = max(winners, key=lambda s: (not s.record.screen, standing[id(s)], s.estimate.lo))
         return result(
             state="improved",
             baseline=summary(best.baseline, objective),
