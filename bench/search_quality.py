@@ -56,6 +56,7 @@ from polymorph.contract.api import Budget, ExperimentRecord, Gates, Objective
 from polymorph.contract.api.common import parse_duration
 from polymorph.contract.builds import REFERENCE_BUILD, knob_variant, read_build, resolve_knobs
 from polymorph.contract.errors import BuildError, UsageError
+from polymorph.contract.runner import baseline_timeout
 from polymorph.contract.store import open_store
 from polymorph.contract.workload import DEFAULT_WORKLOAD, fit_workload, read_workload, workload_from_profile
 
@@ -433,6 +434,7 @@ def main() -> int:
         workload=workload,
         gates=gates,
         experiment_timeout=args.sweep_timeout,
+        baseline_timeout=baseline_timeout(args.sweep_timeout),
         settings=BenchSettings(),
         fit=args.device != "cpu",
         threads=threads,
@@ -473,6 +475,7 @@ def main() -> int:
         write(meta | {"partial": True, "exhaustive": sweep_doc})  # in case the campaign does not finish
 
         supervisor.experiment_timeout = args.experiment_timeout  # the campaign's, as polymorph compile's
+        supervisor.baseline_timeout = baseline_timeout(args.experiment_timeout)
         store = open_store(str(work / "store"))
         settings = CampaignSettings(
             paths=CampaignPaths("local", "search-quality", config_uid({"t": time.time()})),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_support.builds import CRASHES, MODEL, wrapping_build
+from engine_support.builds import CRASHES, MODEL, patched_build, wrapping_build
 from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.store import build_id
 from polymorph_engine.experiment.settings import BenchSettings
@@ -99,6 +99,42 @@ def test_a_worker_that_cannot_load_the_model_is_one_sentence(tmp_path: Path) -> 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="experiment_timeout"):
         Supervisor(MODEL, experiment_timeout=0)
+    with pytest.raises(ValueError, match="baseline_timeout"):
+        Supervisor(MODEL, experiment_timeout=5, baseline_timeout=0)
+
+
+SLOW_LOAD = """
+
+_reference_load = load
+
+
+def load(model, knobs):
+    import time
+
+    time.sleep(4)
+    return _reference_load(model, knobs)
+"""
+
+
+def test_a_baseline_measured_alone_has_the_longer_timeout_and_a_paired_candidate_does_not(
+    tmp_path: Path,
+) -> None:
+    # A build that takes 4 s to load: paired with the reference, as every candidate is, it runs
+    # past a 2 s experiment timeout; measured alone, as a campaign's baseline is, it has 30 s.
+    slow = patched_build(tmp_path / "slow", "slow-to-load", append=SLOW_LOAD)
+    with Supervisor(
+        MODEL,
+        experiment_timeout=2,
+        baseline_timeout=30,
+        settings=BenchSettings(repeats=1, warmup=0),
+        verify_steps=4,
+        threads=1,
+    ) as supervisor:
+        paired = supervisor.run(slow, against=REFERENCE_BUILD)
+        assert paired.status == "timeout" and "past the 2 s timeout" in (paired.error or ""), paired
+        alone = supervisor.run(slow, description="baseline")
+        assert alone.status == "passed", alone.error
+        assert alone.timings.totalS > 4
 
 
 class _CtrlCAtSpawn(SpawnProcess):

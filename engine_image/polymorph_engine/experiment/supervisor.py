@@ -153,6 +153,10 @@ class Supervisor:
             ``DEFAULT_WORKLOAD``), scaled for the device by ``fit_for_device`` unless ``fit`` is False.
         gates: verification gates (default ``Gates()``).
         experiment_timeout: seconds one experiment may take before it is recorded as ``timeout``.
+        baseline_timeout: seconds an experiment measured alone (no ``against``: a campaign's
+            baseline) may take instead (None: ``experiment_timeout``). Campaigns pass
+            ``polymorph.contract.runner.baseline_timeout``: a reference build many times slower
+            than its candidates is measured once and must not time out the whole campaign.
         start_timeout: seconds a worker start may take (None: no limit).
         settings: benchmark repeats, warm-up passes and prompt seed.
         verify_prompts, verify_steps: the size of the golden set (P prompts, K steps).
@@ -173,6 +177,7 @@ class Supervisor:
         gates: Gates | None = None,
         experiment_timeout: float = 600.0,
         *,
+        baseline_timeout: float | None = None,
         seed: int = 0,
         settings: BenchSettings = BenchSettings(),
         verify_prompts: int = 4,
@@ -192,6 +197,9 @@ class Supervisor:
         self.workload = workload
         self.gates = gates or Gates()
         self.experiment_timeout = float(experiment_timeout)
+        if baseline_timeout is not None and baseline_timeout <= 0:
+            raise ValueError(f"baseline_timeout must be > 0 seconds, got {baseline_timeout}")
+        self.baseline_timeout = None if baseline_timeout is None else float(baseline_timeout)
         self.start_timeout = start_timeout
         self._config = WorkerConfig(
             model_source=str(model_source),
@@ -307,10 +315,13 @@ class Supervisor:
         against_dir = None if against is None else str(Path(against).resolve())
         self.start()
         assert self._conn is not None
+        limit = self.experiment_timeout
+        if against is None and self.baseline_timeout is not None:
+            limit = max(limit, self.baseline_timeout)
         started = time.perf_counter()
         try:
             self._conn.send(Run(str(build_dir), description, against_dir, screen))
-            message = self._receive(started + self.experiment_timeout)
+            message = self._receive(started + limit)
         except (BrokenPipeError, OSError):
             message = None
         elapsed = time.perf_counter() - started
@@ -325,7 +336,7 @@ class Supervisor:
             self.stats.timeouts += 1
             status, error = (
                 "timeout",
-                f"the experiment ran past the {self.experiment_timeout:g} s timeout; the worker was killed",
+                f"the experiment ran past the {limit:g} s timeout; the worker was killed",
             )
         else:
             self.stats.crashes += 1

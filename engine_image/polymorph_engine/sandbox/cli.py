@@ -23,6 +23,7 @@ from polymorph.contract.errors import UsageError
 from polymorph.contract.inputs import integer
 from polymorph.contract.job import SPEC_ENV, read_compilejob, workload_identity
 from polymorph.contract.measurement import DEFAULT_REPEATS, MAX_REPEATS, add_tensor_parallel
+from polymorph.contract.runner import baseline_timeout
 from polymorph.contract.workload import (
     DEFAULT_WORKLOAD,
     MAX_REQUEST_TOKENS,
@@ -110,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         workload=workload,
         gates=spec.gates,
         experiment_timeout=parse_duration(spec.budget.experimentTimeout),
+        baseline_timeout=baseline_timeout(parse_duration(spec.budget.experimentTimeout)),
         # Every benchmark cache has the shape the winner will serve at, as the deployment's pods
         # allocate theirs.
         settings=BenchSettings(

@@ -45,6 +45,7 @@ from polymorph.contract.api.common import ObjectiveMetric
 from polymorph.contract.builds import resolve_build_arg
 from polymorph.contract.errors import StoreError, UsageError
 from polymorph.contract.inputs import duration, integer, number, read_text, shown
+from polymorph.contract.runner import baseline_timeout
 from polymorph.contract.store import Store, build_id, check_writable, open_store, store_uri
 from polymorph.contract.validate import format_validation_error
 
@@ -291,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
             workload=workload,
             gates=checked.gates,
             experiment_timeout=args.experiment_timeout,
+            baseline_timeout=baseline_timeout(args.experiment_timeout),
             settings=BenchSettings(repeats=args.repeats, seed=args.seed, scaled=scale_note or ""),
             seed=args.seed,
             fit=replay.fit_on_device,  # CPU workloads were fitted above, with measurement.CPU_SCALE

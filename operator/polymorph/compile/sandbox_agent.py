@@ -35,7 +35,7 @@ from polymorph.contract.builds import REFERENCE_BUILD
 from polymorph.contract.errors import StoreError, UsageError
 from polymorph.contract.inputs import duration, http_url, integer, read_text
 from polymorph.contract.job import SPEC_ENV, read_compilejob, sandbox_index, workload_identity
-from polymorph.contract.runner import RemoteRunner
+from polymorph.contract.runner import RemoteRunner, baseline_timeout
 from polymorph.contract.store import open_store
 
 __all__ = ["DEFAULT_PORT", "configure", "run"]
@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     profile, workload_hash = workload_identity(spec)
     hardware = args.hardware or (spec.hardware.accelerator if spec.hardware is not None else "")
     timeout = parse_duration(spec.budget.experimentTimeout)
-    runner = RemoteRunner(args.engine_url, timeout=timeout + 60)
+    # The engine's supervisor enforces the experiment timeout (a baseline's is longer); this only
+    # bounds a request the engine never answers.
+    runner = RemoteRunner(args.engine_url, timeout=baseline_timeout(timeout) + 60)
     try:
         runner.wait_ready(timeout=args.ready_timeout)
     except TimeoutError as exc:

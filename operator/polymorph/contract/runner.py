@@ -31,7 +31,20 @@ from polymorph.contract.api import ExperimentRecord
 from polymorph.contract.api.build import Timings
 from polymorph.contract.store import archive_build, build_id
 
-__all__ = ["RemoteRunner", "Runner"]
+__all__ = ["BASELINE_TIMEOUTS", "RemoteRunner", "Runner", "baseline_timeout"]
+
+BASELINE_TIMEOUTS = 4
+"""A campaign's baseline experiment (the base build measured alone, once) may take this many
+experiment timeouts. Nothing can be compared without it, and on an accelerator the reference
+build can be tens of times slower than a fused one: on qwen3-30b-a3b (H200, the default chat
+workload) its experts' loop reads about 11.5 tok/s, and filling its caches and measuring it took
+over a minute, against a 30 s timeout. Candidates stay held to the timeout itself."""
+
+
+def baseline_timeout(experiment_timeout: float) -> float:
+    """Seconds a campaign's baseline experiment may take under ``experiment_timeout``."""
+    return BASELINE_TIMEOUTS * experiment_timeout
+
 
 JsonValue = dict[str, object] | list[object] | str | int | float | bool | None
 """A parsed JSON document."""
