@@ -28,8 +28,9 @@
 # 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): four MoE builds (the stacked experts
 #    gathered, grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
 #    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline,
-#    each row with its top kernels (--profile-batches); then bench/search_quality.py: a sweep of the MoE knobs and a campaign from the reference on
-#    polymorph compile's --device cuda defaults, head to head with the sweep's best.
+#    each row with its top kernels (--profile-batches); then bench/search_quality.py: a sweep of
+#    the MoE knobs on the fused Triton step and a campaign from the reference on polymorph
+#    compile's --device cuda defaults, head to head with the sweep's best.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
 # transformers; pydantic, structlog and boto3 & co. come from PYTHONPATH when the image lacks them.
 set -euo pipefail
@@ -152,9 +153,15 @@ moe)
     fi
     if [ "$PART" != decode ]; then
         echo "$(date -u +%T) moe: search"
+        # The sweep varies the MoE knobs on the fused Triton step ($F); the loop (every expert
+        # over every row in a captured step) is left out. SWEEP_ONLY=1 stops after it, and
+        # SWEEP_FROM=RESULT.json runs the campaign from a recorded one (two calls of 10 minutes).
+        SWEEP=(--sweep-base "$F" --knobs moe_experts,moe_routing,gemv --skip moe_experts=loop
+            --anchor "$F,moe_experts=triton" --sweep-timeout 90)
+        if [ -n "${SWEEP_FROM:-}" ]; then SWEEP=(--sweep-from "$SWEEP_FROM"); fi
+        if [ -n "${SWEEP_ONLY:-}" ]; then SWEEP+=(--sweep-only); fi
         timeout "${SHAPE_BUDGET_S:-240}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
-            --dtype "$DTYPE" --knobs moe_experts,kernels --skip kernels=compile \
-            --anchor "$F,moe_experts=triton" --sweep-timeout 90 ${CAMPAIGN_FLAGS:-} \
+            --dtype "$DTYPE" "${SWEEP[@]}" ${CAMPAIGN_FLAGS:-} \
             --out "$OUT/search-quality-$MODEL-$DATE.json" >/dev/null || echo "moe: search exited $?"
     fi
     ;;

@@ -1,8 +1,9 @@
 """How good is the search? An exhaustive sweep of a knob space, then a campaign, in one engine.
 
 1. One ``Supervisor`` worker loads the model once. The reference build runs alone (the baseline).
-2. **Exhaustive sweep**: every combination of the ``--knobs`` (the others at their defaults,
-   each combination completed with what its knobs ``require``, duplicates dropped) is
+2. **Exhaustive sweep**: every combination of the ``--knobs`` (the others at their defaults, or
+   at ``--sweep-base``'s values: a region of a large space, such as the MoE knobs on the fused
+   step; each combination completed with what its knobs ``require``, duplicates dropped) is
    benchmarked paired with the reference (ABBA passes, adaptive repeats), or with ``--anchor``
    (a configuration paired with the reference once; each point's speedup is then point /
    anchor x anchor / reference: a fast anchor makes the sweep several times shorter than
@@ -127,11 +128,15 @@ def contenders(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in passed if chained_ci(p)[1] >= floor][:MAX_CONTENDERS]
 
 
-def exhaustive(knobs: list[str], work: Path, skip: list[str]) -> list[tuple[dict[str, Any], Path]]:
-    """Every distinct requirement-complete combination of ``knobs`` (others at default), as build dirs,
-    less those with a ``skip``ped ``knob=value``."""
+def exhaustive(
+    knobs: list[str], work: Path, skip: list[str], base: dict[str, Any] | None = None
+) -> list[tuple[dict[str, Any], Path]]:
+    """Every distinct requirement-complete combination of ``knobs`` (the others at ``base``'s values,
+    by default the reference's defaults), as build dirs, less those with a ``skip``ped ``knob=value``.
+    The reference's own configuration is left out (it is the baseline)."""
     spec = read_build(REFERENCE_BUILD)
-    defaults = {name: knob.default for name, knob in spec.knobs.items()}
+    reference = {name: knob.default for name, knob in spec.knobs.items()}
+    defaults = base or reference
     requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
     unknown = [k for k in knobs if k not in spec.knobs]
     if unknown:
@@ -147,7 +152,7 @@ def exhaustive(knobs: list[str], work: Path, skip: list[str]) -> list[tuple[dict
         seen.setdefault(config_key(config), config)
     out = []
     for i, (_key, config) in enumerate(sorted(seen.items())):
-        if config == defaults:
+        if config == reference:
             continue
         dest = work / f"sweep-{i:04d}"
         knob_variant(REFERENCE_BUILD, config, dest, name=f"sweep-{i:04d}")
@@ -211,8 +216,8 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, 
     }
 
 
-def _anchor(text: str) -> dict[str, Any]:
-    """``--anchor`` as a requirement-complete configuration of the reference's knobs."""
+def _anchor(text: str, flag: str = "--anchor") -> dict[str, Any]:
+    """``--anchor`` (or ``flag``) as a requirement-complete configuration of the reference's knobs."""
     spec = read_build(REFERENCE_BUILD)
     defaults = spec.defaults()
     requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
@@ -220,7 +225,7 @@ def _anchor(text: str) -> dict[str, Any]:
     try:
         config = resolve_knobs(spec, {name.strip(): raw.strip() for name, _, raw in pairs})
     except BuildError as exc:
-        raise SystemExit(f"--anchor {text!r}: {exc}") from None
+        raise SystemExit(f"{flag} {text!r}: {exc}") from None
     return with_requirements(config, requires, defaults)
 
 
@@ -270,11 +275,12 @@ def _sweep(
     anchor_config: dict[str, Any] | None,
     work: Path,
     progress: Callable[[dict[str, Any]], None],
+    base: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every combination of ``knobs``, paired with the reference or the anchor (module docstring, 2).
 
     ``progress`` gets the sweep so far after each point: a run killed at its time bound keeps them."""
-    points = exhaustive(knobs, work, skip)
+    points = exhaustive(knobs, work, skip, base)
     print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
     sweep_started = time.monotonic()
     against, anchor_gain, anchor_point = Path(REFERENCE_BUILD), 1.0, None
@@ -291,6 +297,7 @@ def _sweep(
         return {
             "knobs": knobs,
             "skipped": skip,
+            "base": base,
             "anchor": anchor_point,
             "combinations": len(points),
             "seconds": round(time.monotonic() - sweep_started, 1),
@@ -354,6 +361,12 @@ def main() -> int:
         help="leave combinations with this knob value out of the sweep (repeatable; e.g. decode_capture=compile)",
     )
     parser.add_argument(
+        "--sweep-base",
+        default="",
+        metavar="KNOB=VALUE,...",
+        help="the values of the knobs the sweep does not vary (default: the reference's defaults)",
+    )
+    parser.add_argument(
         "--anchor",
         default="",
         metavar="KNOB=VALUE,...",
@@ -411,6 +424,7 @@ def main() -> int:
     # Bad flags fail before the worker starts.
     _check(args)
     anchor_config = _anchor(args.anchor) if args.anchor else None
+    sweep_base = _anchor(args.sweep_base, "--sweep-base") if args.sweep_base else None
     previous = _previous_sweep(args.sweep_from) if args.sweep_from is not None else None
     if args.workload:
         try:
@@ -462,6 +476,7 @@ def main() -> int:
                 anchor_config,
                 work,
                 lambda so_far: write(meta | {"partial": True, "exhaustive": so_far}),
+                sweep_base,
             )
         tops = contenders(sweep_doc["points"])
         if not tops:
