@@ -59,6 +59,14 @@ def test_fused_moe_matches_a_plain_loop(rows: int) -> None:
             gate, up = (w13[chosen[r, j]] @ x[r]).chunk(2)
             want[r] += weights[r, j] * (w2[chosen[r, j]] @ (torch.nn.functional.silu(gate) * up))
     torch.testing.assert_close(kernels.fused_moe(x, w13, w2, weights, chosen), want, atol=1e-5, rtol=1e-5)
+    # Every tile the CUDA tuning may choose (at decode: one row here, the interpreter is slow)
+    # computes the same (the masks cover each edge; tiles wider than these dimensions are
+    # pruned there, and still correct here).
+    tiles = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in kernels.moe_configs()}
+    assert kernels.FIXED_BLOCKS in tiles
+    for blocks in sorted(tiles) if rows == 1 else []:
+        got = kernels.fused_moe(x, w13, w2, weights, chosen, blocks=blocks)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"tile {blocks}")
     hotpath.close()
 
 

@@ -10,6 +10,14 @@ tile several rows chose is read from L2. (vLLM's fused_moe also pads each expert
 block of rows and runs them as one tiled GEMM, which wins on prompts; this kernel is the
 decode-shaped half of that.)
 
+On CUDA, at decode sizes (at most ``TUNED_MAX_PAIRS`` pairs), each kernel's tile is tuned per
+signature (``triton.autotune`` over ``moe_configs``, timed with L2 flushed as the dense GEMV's is:
+``gemv_kernels._bench``), keyed on the pairs' power-of-two bucket, so a captured step tunes in the
+warm-up runs before its capture. On an H200 the fixed 32 x 64 tile read batch-1 qwen3-30b-a3b's
+experts at about 1.3 TB/s (``bench/results/decode-qwen3-30b-a3b-h200-2026-12-06.json``); the
+candidates include it, so tuning can only keep it or find faster. Larger calls (prompts) and the
+interpreter use ``FIXED_BLOCKS``.
+
 Rounding follows the reference: the projections accumulate in float32 and are rounded to the
 activation dtype where the reference rounds them. Triton is an optional extra of this build:
 this module is imported only when the knob selects it. On CPU it runs only under the triton
@@ -22,6 +30,36 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemv_kernels import GEMV_TILES, _bench
+
+FIXED_BLOCKS = (32, 64)
+"""(BLOCK_N, BLOCK_K) where no tuning runs: prompts, and the interpreter."""
+TUNED_MAX_PAIRS = 256
+"""Calls of at most this many (row, expert) pairs (decode: 32 rows at top-8) run a tuned tile."""
+MOE_BLOCK_N = (8, 16, 32, 64)
+
+
+def moe_configs() -> list[triton.Config]:
+    """The tiles tuning chooses from: the dense GEMV's (``GEMV_TILES``) at ``MOE_BLOCK_N`` rows, and
+    ``FIXED_BLOCKS`` (4 warps, Triton's default stages)."""
+    fixed = triton.Config({"BLOCK_N": FIXED_BLOCKS[0], "BLOCK_K": FIXED_BLOCKS[1]}, num_warps=4)
+    return [fixed] + [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": tile // bn}, num_warps=warps, num_stages=stages)
+        for tile, warps, stages in GEMV_TILES
+        for bn in MOE_BLOCK_N
+    ]
+
+
+def _prune(reduced: str) -> object:
+    """Drop tiles wider than the reduced dimension (named argument ``reduced``): only masked zeros."""
+
+    def fitting(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+        k = int(named_args[reduced])
+        fit = [c for c in configs if c.kwargs["BLOCK_K"] <= max(64, triton.next_power_of_2(k))]
+        return fit or configs[:1]
+
+    return fitting
+
 
 @triton.jit
 def _gate_up_kernel(
@@ -32,6 +70,7 @@ def _gate_up_kernel(
     y_ptr,  # [P, I]: silu(gate) * up
     H,
     W,  # the expert width (I)
+    BUCKET,  # the pairs' power-of-two bucket: the tuning key only
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -66,6 +105,7 @@ def _down_kernel(
     out_ptr,  # [P, H]
     H,
     W,
+    BUCKET,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -85,11 +125,35 @@ def _down_kernel(
     tl.store(out_ptr + pair * H + n, (acc.to(dtype).to(tl.float32) * weight).to(dtype), mask=n < H)
 
 
+_gate_up_tuned = triton.autotune(
+    configs=moe_configs(),
+    key=["BUCKET", "H", "W"],
+    prune_configs_by={"early_config_prune": _prune("H")},
+    do_bench=_bench,
+    cache_results=True,  # on disk with Triton's cache, as the dense GEMV's tiles
+)(_gate_up_kernel)
+_down_tuned = triton.autotune(
+    configs=moe_configs(),
+    key=["BUCKET", "H", "W"],
+    prune_configs_by={"early_config_prune": _prune("W")},
+    do_bench=_bench,
+    cache_results=True,
+)(_down_kernel)
+
+
 def fused_moe(
-    flat: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+    flat: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    chosen: torch.Tensor,
+    *,
+    blocks: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """flat [T, H], w13 [E, 2I, H], w2 [E, H, I], routing weights and chosen experts [T, K] ->
-    [T, H]: sum over each row's K experts of weight * down(silu(gate(x)) * up(x))."""
+    [T, H]: sum over each row's K experts of weight * down(silu(gate(x)) * up(x)).
+
+    ``blocks``: a fixed (BLOCK_N, BLOCK_K) for both kernels instead (4 warps, untuned)."""
     t, h = flat.shape
     k = chosen.shape[1]
     width = w2.shape[2]
@@ -98,14 +162,17 @@ def fused_moe(
     rows, sorted_experts = order // k, experts[order].contiguous()
     pair_weights = weights.reshape(-1)[order].contiguous()
     pairs = t * k
+    bucket = triton.next_power_of_2(pairs)
     x, a, b = flat.contiguous(), w13.contiguous(), w2.contiguous()
     y = flat.new_empty(pairs, width)
-    block_n, block_k = 32, 64
-    _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](
-        x, a, rows, sorted_experts, y, h, width, BLOCK_N=block_n, BLOCK_K=block_k
-    )
     out_pairs = flat.new_empty(pairs, h)
-    _down_kernel[(pairs, triton.cdiv(h, block_n))](
-        y, b, sorted_experts, pair_weights, out_pairs, h, width, BLOCK_N=block_n, BLOCK_K=block_k
-    )
+    up_args = (x, a, rows, sorted_experts, y, h, width, bucket)
+    down_args = (y, b, sorted_experts, pair_weights, out_pairs, h, width, bucket)
+    if blocks is None and flat.device.type == "cuda" and pairs <= TUNED_MAX_PAIRS:
+        _gate_up_tuned[lambda meta: (pairs, triton.cdiv(width, meta["BLOCK_N"]))](*up_args)
+        _down_tuned[lambda meta: (pairs, triton.cdiv(h, meta["BLOCK_N"]))](*down_args)
+    else:
+        block_n, block_k = blocks or FIXED_BLOCKS
+        _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](*up_args, BLOCK_N=block_n, BLOCK_K=block_k)
+        _down_kernel[(pairs, triton.cdiv(h, block_n))](*down_args, BLOCK_N=block_n, BLOCK_K=block_k)
     return torch.zeros_like(flat).index_add_(0, rows, out_pairs)
