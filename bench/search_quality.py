@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from polymorph import __version__
-from polymorph.compile.agents.search import SearchAgent, config_key, with_requirements
+from polymorph.compile.agents.search import SearchAgent, config_key, consistent, with_requirements
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.cli import CAMPAIGN_CPU_SCALE, DEVICE_DEFAULTS
 from polymorph.compile.ledger import CampaignPaths, config_uid
@@ -144,8 +144,11 @@ def exhaustive(
     seen: dict[str, dict[str, Any]] = {}
     for values in itertools.product(*(spec.knobs[k].choices for k in knobs)):
         config = with_requirements(defaults | dict(zip(knobs, values, strict=True)), requires, defaults)
-        # A combination its requirements changed beyond --knobs is another point's duplicate or outside.
+        # A combination its requirements changed beyond --knobs is another point's duplicate or
+        # outside; one whose knobs require different values of another cannot be completed.
         if any(config[k] != defaults[k] for k in config if k not in knobs):
+            continue
+        if not consistent(config, requires, reference):
             continue
         if any(f"{k}={str(v).lower() if isinstance(v, bool) else v}" in skip for k, v in config.items()):
             continue

@@ -18,8 +18,10 @@ from pairing_support import paired
 from polymorph.compile.agents.search import (
     SearchAgent,
     config_key,
+    consistent,
     neighbours,
     owner,
+    space,
     sweep,
     with_requirements,
 )
@@ -556,6 +558,29 @@ def test_requirements_complete_sweeps_and_neighbours() -> None:
         current,
         {"cache": "static", "capture": "none"},
     ]
+
+
+def test_two_knobs_that_require_different_values_of_a_third_are_never_searched_together() -> None:
+    # As the reference's decode_capture (the layered step) and kernels (the fused step): a
+    # configuration holding both computes as another one, so it is not in the space. Completing
+    # it would alternate between the two requirements, and once read as consistent.
+    defaults = {"step": "layered", "capture": "none", "kernels": "torch"}
+    choices = {"step": ["layered", "fused"], "capture": ["none", "graph"], "kernels": ["torch", "triton"]}
+    requires = {"capture": {"step": "layered"}, "kernels": {"step": "fused"}}
+    both = {"step": "layered", "capture": "graph", "kernels": "triton"}
+    assert not consistent(both, requires, defaults)
+    assert not consistent(both | {"step": "fused"}, requires, defaults)
+    found = space(defaults, choices, requires)
+    assert all(not (c["capture"] == "graph" and c["kernels"] == "triton") for c in found)
+    assert {config_key(c) for c in found} == {
+        config_key(c)
+        for c in (
+            defaults,
+            defaults | {"capture": "graph"},
+            defaults | {"step": "fused"},
+            defaults | {"step": "fused", "kernels": "triton"},
+        )
+    }
 
 
 @pytest.mark.parametrize(

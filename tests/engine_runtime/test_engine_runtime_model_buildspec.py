@@ -82,7 +82,7 @@ def test_reference_build_declares_the_search_space() -> None:
     }
     assert {name: spec.defaults()[name] for name in plain} == plain
     assert spec.knobs["decode_capture"].choices == ("none", "cuda_graph", "compile")
-    assert spec.knobs["decode_capture"].requires == {"kv_cache": "static"}
+    assert spec.knobs["decode_capture"].requires == {"kv_cache": "static", "decode_step": "layered"}
     assert all(k.description for k in spec.knobs.values())
 
 

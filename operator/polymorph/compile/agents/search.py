@@ -142,8 +142,15 @@ def with_requirements(config: Config, requires: Requires, defaults: Config) -> C
 
 
 def consistent(config: Config, requires: Requires, defaults: Config) -> bool:
-    """Whether every non-default knob of ``config`` has what it requires."""
-    return with_requirements(config, requires, defaults) == config
+    """Whether every non-default knob of ``config`` has what it requires (checked directly: two
+    knobs that require different values of a third can never both hold, and completing such a
+    configuration would only alternate between them)."""
+    return all(
+        config.get(other) == value
+        for name, needs in requires.items()
+        if config.get(name) != defaults.get(name)
+        for other, value in needs.items()
+    )
 
 
 def sweep(
