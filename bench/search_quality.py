@@ -219,8 +219,9 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, 
     }
 
 
-def _anchor(text: str, flag: str = "--anchor") -> dict[str, Any]:
-    """``--anchor`` (or ``flag``) as a requirement-complete configuration of the reference's knobs."""
+def _configuration(text: str, flag: str) -> dict[str, Any]:
+    """``flag``'s ``KNOB=VALUE,...`` (``--anchor``, ``--sweep-base``) as a requirement-complete
+    configuration of the reference's knobs."""
     spec = read_build(REFERENCE_BUILD)
     defaults = spec.defaults()
     requires = {name: knob.requires for name, knob in spec.knobs.items() if knob.requires}
@@ -426,8 +427,8 @@ def main() -> int:
     knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
     # Bad flags fail before the worker starts.
     _check(args)
-    anchor_config = _anchor(args.anchor) if args.anchor else None
-    sweep_base = _anchor(args.sweep_base, "--sweep-base") if args.sweep_base else None
+    anchor_config = _configuration(args.anchor, "--anchor") if args.anchor else None
+    sweep_base = _configuration(args.sweep_base, "--sweep-base") if args.sweep_base else None
     previous = _previous_sweep(args.sweep_from) if args.sweep_from is not None else None
     if args.workload:
         try:

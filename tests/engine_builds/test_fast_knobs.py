@@ -253,7 +253,7 @@ def test_gemv_tuning_candidates_cover_the_swept_winners() -> None:
     assert {(8, 4096), (16, 4096), (2, 8192), (4, 2048), (8, 16384), (2, 2048)} <= tiles
     assert len(tiles) == len(configs) <= 16  # distinct, and few: each one is compiled
     # Pruned to the shape: no tile wider than K.
-    assert max(c.kwargs["BLOCK_K"] for c in gemv._fitting_configs(configs, {"K": 1000})) <= 1024
+    assert max(c.kwargs["BLOCK_K"] for c in gemv.fitting_configs("K")(configs, {"K": 1000})) <= 1024
 
 
 @needs_triton

@@ -15,6 +15,8 @@ N = output features, K = input features.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -120,20 +122,26 @@ GEMV_TILES = ((2048, 4, 3), (4096, 4, 1), (8192, 4, 1), (16384, 8, 3))
 GEMV_BLOCK_N = (2, 4, 8, 16)
 
 
-def gemv_configs() -> list[triton.Config]:
-    """Every (BLOCK_N, BLOCK_K, warps, stages) of ``GEMV_TILES`` x ``GEMV_BLOCK_N``."""
+def gemv_configs(block_ns: tuple[int, ...] = GEMV_BLOCK_N) -> list[triton.Config]:
+    """Every (BLOCK_N, BLOCK_K, warps, stages) of ``GEMV_TILES`` x ``block_ns`` (the MoE kernels
+    tune over the same tiles at their own BLOCK_N)."""
     return [
         triton.Config({"BLOCK_N": bn, "BLOCK_K": tile // bn}, num_warps=warps, num_stages=stages)
         for tile, warps, stages in GEMV_TILES
-        for bn in GEMV_BLOCK_N
+        for bn in block_ns
     ]
 
 
-def _fitting_configs(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-    """Drop tiles wider than K (they would only load masked zeros)."""
-    k = int(named_args["K"])
-    fit = [c for c in configs if c.kwargs["BLOCK_K"] <= max(64, triton.next_power_of_2(k))]
-    return fit or configs[:1]
+def fitting_configs(reduced: str) -> Callable[..., list[triton.Config]]:
+    """An ``early_config_prune`` dropping tiles wider than the kernel's reduced dimension (its
+    argument named ``reduced``): they would only load masked zeros."""
+
+    def fitting(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+        k = int(named_args[reduced])
+        fit = [c for c in configs if c.kwargs["BLOCK_K"] <= max(64, triton.next_power_of_2(k))]
+        return fit or configs[:1]
+
+    return fitting
 
 
 GEMV_BENCH_MS = (5, 25)
@@ -141,15 +149,15 @@ GEMV_BENCH_MS = (5, 25)
 L2 before every run, so each candidate reads its weight from HBM, as in a decode step."""
 
 
-def _bench(fn: object, quantiles: object) -> object:
+def bench_tile(fn: object, quantiles: object) -> object:
     return triton.testing.do_bench(fn, warmup=GEMV_BENCH_MS[0], rep=GEMV_BENCH_MS[1], quantiles=quantiles)
 
 
 _gemv_tuned = triton.autotune(
     configs=gemv_configs(),
     key=["B", "N", "K", "PROLOGUE", "HAS_BIAS", "HAS_RES"],
-    prune_configs_by={"early_config_prune": _fitting_configs},
-    do_bench=_bench,
+    prune_configs_by={"early_config_prune": fitting_configs("K")},
+    do_bench=bench_tile,
     # Kept on disk (Triton's cache, keyed by the kernel's source, the device and the signature):
     # a worker restarted after a timeout, or the next campaign on this cache, reads the tile
     # instead of timing every candidate again (18 s of a campaign's screen on llama-8b, H200).

@@ -12,7 +12,7 @@ decode-shaped half of that.)
 
 On CUDA, at decode sizes (at most ``TUNED_MAX_PAIRS`` pairs), each kernel's tile is tuned per
 signature (``triton.autotune`` over ``moe_configs``, timed with L2 flushed as the dense GEMV's is:
-``gemv_kernels._bench``), keyed on the pairs' power-of-two bucket, so a captured step tunes in the
+``gemv_kernels.bench_tile``), keyed on the pairs' power-of-two bucket, so a captured step tunes in the
 warm-up runs before its capture. On an H200 the fixed 32 x 64 tile read batch-1 qwen3-30b-a3b's
 experts at about 1.3 TB/s (``bench/results/decode-qwen3-30b-a3b-h200-2026-12-06.json``); the
 candidates include it, so tuning can only keep it or find faster. Larger calls (prompts) and the
@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_kernels import GEMV_TILES, _bench
+from .gemv_kernels import bench_tile, fitting_configs, gemv_configs
 
 FIXED_BLOCKS = (32, 64)
 """(BLOCK_N, BLOCK_K) where no tuning runs: prompts, and the interpreter."""
@@ -40,25 +40,10 @@ MOE_BLOCK_N = (8, 16, 32, 64)
 
 
 def moe_configs() -> list[triton.Config]:
-    """The tiles tuning chooses from: the dense GEMV's (``GEMV_TILES``) at ``MOE_BLOCK_N`` rows, and
-    ``FIXED_BLOCKS`` (4 warps, Triton's default stages)."""
+    """The tiles tuning chooses from: the dense GEMV's (``gemv_configs``) at ``MOE_BLOCK_N`` rows,
+    and ``FIXED_BLOCKS`` (4 warps, Triton's default stages)."""
     fixed = triton.Config({"BLOCK_N": FIXED_BLOCKS[0], "BLOCK_K": FIXED_BLOCKS[1]}, num_warps=4)
-    return [fixed] + [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": tile // bn}, num_warps=warps, num_stages=stages)
-        for tile, warps, stages in GEMV_TILES
-        for bn in MOE_BLOCK_N
-    ]
-
-
-def _prune(reduced: str) -> object:
-    """Drop tiles wider than the reduced dimension (named argument ``reduced``): only masked zeros."""
-
-    def fitting(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-        k = int(named_args[reduced])
-        fit = [c for c in configs if c.kwargs["BLOCK_K"] <= max(64, triton.next_power_of_2(k))]
-        return fit or configs[:1]
-
-    return fitting
+    return [fixed, *gemv_configs(MOE_BLOCK_N)]
 
 
 @triton.jit
@@ -128,15 +113,15 @@ def _down_kernel(
 _gate_up_tuned = triton.autotune(
     configs=moe_configs(),
     key=["BUCKET", "H", "W"],
-    prune_configs_by={"early_config_prune": _prune("H")},
-    do_bench=_bench,
+    prune_configs_by={"early_config_prune": fitting_configs("H")},
+    do_bench=bench_tile,
     cache_results=True,  # on disk with Triton's cache, as the dense GEMV's tiles
 )(_gate_up_kernel)
 _down_tuned = triton.autotune(
     configs=moe_configs(),
     key=["BUCKET", "H", "W"],
-    prune_configs_by={"early_config_prune": _prune("W")},
-    do_bench=_bench,
+    prune_configs_by={"early_config_prune": fitting_configs("W")},
+    do_bench=bench_tile,
     cache_results=True,
 )(_down_kernel)
 
