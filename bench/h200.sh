@@ -24,7 +24,9 @@
 #    the estimate; then bench/fidelity.py replays the campaign's kept build and the sweep's best
 #    in full on the same shape; then bench/decode.py runs the kept build, the compiled peer and
 #    HF compiled at the shape's concurrency and mean context, with prefills at its prompt
-#    lengths, and composes each one's tok/s on the shape from those timings.
+#    lengths, and composes each one's tok/s on the shape from those timings. The sweep screens
+#    each point and measures its contenders again by the full protocol (--sweep-screen). PEERS=0
+#    skips the decode step (the peers of an earlier run on the shape stand).
 # 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): four MoE builds (the stacked experts
 #    gathered, grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
 #    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline,
@@ -102,7 +104,8 @@ shapes)
         # points are not measured again); SWEEP_ONLY=1 measures the sweeps alone (a shape whose
         # sweep and campaign do not fit one 10-minute call takes two).
         SWEEP=(--knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile
-            --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --sweep-timeout 60)
+            --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --sweep-timeout 60
+            --sweep-screen)
         SWEEPS=${SWEEPS:-}
         for pair in ${SWEEPS//,/ }; do
             if [ "${pair%%=*}" = "$s" ]; then SWEEP=(--sweep-from "${pair#*=}"); fi
@@ -123,6 +126,7 @@ print(";".join(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" fo
         [ -n "$KEPT" ] && python3 bench/fidelity.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
             --shapes "bench/shapes/$s.yaml" --builds "$KEPT" --full-passes 1 \
             --out "$OUT/fidelity-$MODEL-$s-kept-$DATE.json" >/dev/null || echo "$s: fidelity exited $?"
+        if [ "${PEERS:-1}" = 0 ]; then continue; fi
         echo "$(date -u +%T) $s: peers"
         # The peers at the shape: batch decode at its concurrency and its full-batch steps' mean context.
         read -r C CTX < <(python3 -c '

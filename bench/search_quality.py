@@ -9,7 +9,10 @@
    anchor x anchor / reference: a fast anchor makes the sweep several times shorter than
    pairing every point with a slow reference). The best passed combination by speedup is the
    exhaustive best; its *contenders* are the points whose interval reaches its lower bound
-   (one noisy point must not hide a better one, nor pass for the best).
+   (one noisy point must not hide a better one, nor pass for the best). ``--sweep-screen``
+   measures each point by the campaign's screening protocol and then every contender again by
+   the full one, until the contenders are all fully measured (a long-context shape's points
+   take half a minute each by the full protocol).
 3. **Campaign**: ``Campaign`` + ``SearchAgent`` from the reference, on ``polymorph compile``'s
    budget for ``--device`` unless ``--max-experiments``, ``--deadline`` or
    ``--experiment-timeout`` say otherwise, through the same worker (so the same engine, weights
@@ -82,6 +85,7 @@ def _point(record: ExperimentRecord, config: dict[str, Any] | None = None) -> di
         "halfWidth": record.halfWidth,
         "passes": record.passes,
         "warmup": record.figures.warmupPasses if record.figures else None,
+        "warmupRepeats": [round(x, 2) for x in record.figures.warmupRepeats] if record.figures else [],
         "against": c.against if c else None,
         "description": record.description,
         "seconds": {
@@ -163,8 +167,14 @@ def exhaustive(
     return out
 
 
-def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, Any]:
-    """The campaign's experiments, rates and where the time went (complete or so far)."""
+def _campaign_doc(records: list[ExperimentRecord], seconds: float, confirmations: int = 0) -> dict[str, Any]:
+    """The campaign's experiments, rates and where the time went (complete or so far).
+
+    ``seconds`` is the campaign's wall time, the winner's confirmation included (``confirmations``:
+    whether it ran, an experiment outside the ledger). ``screenExperimentsPerHour`` is the rate of
+    the screens alone: what a campaign long enough that its one-off experiments (the baseline,
+    the first compile or tile tuning, the final pairing and its confirmation) are a small part of
+    it runs at."""
     # A compile candidate's prepare time is its load and verify (where compilation happens); one
     # that timed out or crashed spent all of its time preparing.
     compile_prep = sum(
@@ -173,10 +183,16 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float) -> dict[str, 
         if _compiles(r.knobs)
     )
     total = sum(r.timings.totalS for r in records)
+    screens = [r.timings.totalS for r in records if r.screen]
+    experiments = len(records) + confirmations
     return {
-        "experiments": len(records),
+        "experiments": experiments,
+        "confirmations": confirmations,
         "seconds": round(seconds, 1),
-        "experimentsPerHour": round(len(records) * 3600 / seconds, 1) if seconds > 0 else 0.0,
+        "experimentsPerHour": round(experiments * 3600 / seconds, 1) if seconds > 0 else 0.0,
+        "screenExperimentsPerHour": round(len(screens) * 3600 / sum(screens), 1)
+        if sum(screens) > 0
+        else None,
         "experimentsPerHourWithoutCompilePrepare": round(len(records) * 3600 / (total - compile_prep), 1)
         if total > compile_prep
         else None,
@@ -280,10 +296,12 @@ def _sweep(
     work: Path,
     progress: Callable[[dict[str, Any]], None],
     base: dict[str, Any] | None = None,
+    screen: bool = False,
 ) -> dict[str, Any]:
     """Every combination of ``knobs``, paired with the reference or the anchor (module docstring, 2).
 
-    ``progress`` gets the sweep so far after each point: a run killed at its time bound keeps them."""
+    ``progress`` gets the sweep so far after each point: a run killed at its time bound keeps them.
+    ``screen``: each point by the screening protocol, then the contenders by the full one."""
     points = exhaustive(knobs, work, skip, base)
     print(f"exhaustive sweep: {len(points)} combinations of {', '.join(knobs)}", file=sys.stderr)
     sweep_started = time.monotonic()
@@ -308,15 +326,28 @@ def _sweep(
             "points": swept,
         }
 
-    for config, build_dir in points:
-        p = _point(supervisor.run(build_dir, description="exhaustive", against=against), config)
+    def measure(config: dict[str, Any], build_dir: Path, screened: bool) -> dict[str, Any]:
+        record = supervisor.run(build_dir, description="exhaustive", against=against, screen=screened)
+        p = _point(record, config) | {"screen": screened}
         p["vsAnchor"], p["speedup"] = p["speedup"], p["speedup"] and p["speedup"] * anchor_gain
         print(
             f"  {p['status']:<8} {p['speedup'] and round(p['speedup'], 3)} {p['ci']} {config}"
+            + (" (screened)" if screened else "")
             + (f" ({p['error']})" if p.get("error") else ""),
             file=sys.stderr,
         )
-        swept.append(p)
+        return p
+
+    for config, build_dir in points:
+        swept.append(measure(config, build_dir, screen))
+        progress(doc())
+    # Screened: the points that may be the best, again by the full protocol, until every one of
+    # them was (a re-measured point may fall back and let a screened one through).
+    dirs = {config_key(config): build_dir for config, build_dir in points}
+    while screen and (open_ := [p for p in contenders(swept) if p["screen"]]):
+        p = open_[0]
+        full = measure(p["config"], dirs[config_key(p["config"])], False)
+        swept[swept.index(p)] = full | {"screened": {k: p[k] for k in ("speedup", "ci", "passes")}}
         progress(doc())
     return doc()
 
@@ -385,6 +416,11 @@ def main() -> int:
         "--sweep-timeout",
         type=float,
         help="seconds one sweep point may take (default: --experiment-timeout); the campaign keeps its own",
+    )
+    parser.add_argument(
+        "--sweep-screen",
+        action="store_true",
+        help="measure each sweep point by the screening protocol, then its contenders by the full one",
     )
     parser.add_argument(
         "--sweep-from",
@@ -481,6 +517,7 @@ def main() -> int:
                 work,
                 lambda so_far: write(meta | {"partial": True, "exhaustive": so_far}),
                 sweep_base,
+                args.sweep_screen,
             )
         tops = contenders(sweep_doc["points"])
         if not tops:
@@ -542,7 +579,7 @@ def main() -> int:
                 head_to_head.append(_point(versus, top["config"]))
     doc = meta | {
         "exhaustive": sweep_doc,
-        "campaign": _campaign_doc(outcome.records, campaign_s)
+        "campaign": _campaign_doc(outcome.records, campaign_s, int(result.confirmation is not None))
         | {
             "state": result.state,
             "message": result.message,

@@ -108,6 +108,23 @@ def test_contenders_of_one_precise_best_is_that_point_alone_and_at_most_four() -
     assert search_quality.contenders([_point(2.0, 1.9, 2.1, status="crashed")]) == []
 
 
+def test_a_screened_sweep_measures_its_contenders_again_by_the_full_protocol(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "search_quality.py"), "--knobs", "kv_cache,attention", "--sweep-only",
+         "--sweep-screen", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    points = json.loads(out.read_text())["exhaustive"]["points"]
+    assert len(points) == 3
+    full = [p for p in points if not p["screen"]]
+    # Every point that may be the best was measured again in full; its screen is kept beside it.
+    assert full and all(not p["screen"] for p in search_quality.contenders(points))
+    assert all(set(p["screened"]) == {"speedup", "ci", "passes"} for p in full)
+    assert all("screened" not in p for p in points if p["screen"])
+
+
 def test_fidelity_records_the_estimate_beside_the_full_replay(tmp_path: Path) -> None:
     shape = tmp_path / "shape.yaml"
     shape.write_text(

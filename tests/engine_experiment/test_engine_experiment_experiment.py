@@ -146,7 +146,7 @@ def test_a_paired_experiment_measures_both_builds_interleaved(model: LoadedModel
             assert c.pairs >= 5 or c.hi < 1, "only a surely slower candidate stops before min pairs"
             assert len(c.baseline.repeats) == c.pairs and c.lo <= c.ratio <= c.hi
             assert record.halfWidth == pytest.approx(c.halfWidth)
-            assert 2 <= record.figures.warmupPasses <= 3
+            assert 2 <= record.figures.warmupPasses == len(record.figures.warmupRepeats) <= 3
         # The baseline warmed up to a steady state once; held warm, it gets one pass the second time.
         assert first.comparison is not None and second.comparison is not None
         assert (

@@ -7,6 +7,7 @@ check on the real engine is in test_engine_experiment_paired.py.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Iterator
 
@@ -65,18 +66,19 @@ def test_warm_up_runs_until_two_consecutive_passes_agree() -> None:
     clock = Clock()
     # The slow first passes after a swap, from the ledger; then steady.
     run = scripted([1344, 2187, 2883, 2809, 2694, 2700], clock)
-    assert warm_up(run, MeasurePolicy(warmup_tolerance=0.05)) == 4  # 2883 and 2809 agree within 5%
+    # 2883 and 2809 agree within 5%
+    assert warm_up(run, MeasurePolicy(warmup_tolerance=0.05)) == pytest.approx([1344, 2187, 2883, 2809])
     # A build that never settles stops at the cap.
     never = scripted([100, 200] * 20, clock)
-    assert warm_up(never, MeasurePolicy(max_warmup=6)) == 6
+    assert len(warm_up(never, MeasurePolicy(max_warmup=6))) == 6
     # No warm-up when the cap is 0.
-    assert warm_up(scripted([1.0], clock), MeasurePolicy(min_warmup=0, max_warmup=0)) == 0
+    assert warm_up(scripted([1.0], clock), MeasurePolicy(min_warmup=0, max_warmup=0)) == []
 
 
 def test_one_build_gets_passes_until_its_median_is_precise() -> None:
     clock = Clock()
     quiet = measure_one(scripted(jittered(1000, 0.01), clock), MeasurePolicy(min_passes=5), clock)
-    assert len(quiet.passes) == 5 and quiet.warmup == 2 and quiet.estimate.half_width <= 0.04
+    assert len(quiet.passes) == 5 and len(quiet.warmup) == 2 and quiet.estimate.half_width <= 0.04
     # Noisier: more passes until the interval is within the target (or the pass cap).
     policy = MeasurePolicy(min_passes=5, max_passes=60, time_cap_s=1e9)
     noisy = measure_one(scripted(jittered(1000, 0.08, seed=5), clock), policy, clock)
@@ -104,7 +106,7 @@ def test_paired_passes_run_in_abba_order_and_cancel_drift() -> None:
     m = measure_paired(cand, base, MeasurePolicy(min_passes=6, min_warmup=2, max_warmup=2), clock)
     measured = log[4:]  # 2 + 2 warm-up passes first
     assert "".join(measured[:8]) == "ABBAABBA"
-    assert m.candidate_warmup == m.baseline_warmup == 2 and len(m.candidate) == len(m.baseline) == 6
+    assert len(m.candidate_warmup) == len(m.baseline_warmup) == 2 and len(m.candidate) == len(m.baseline) == 6
     assert m.estimate.value == pytest.approx(1.10, rel=0.01) and m.estimate.lo > 1.05
 
 
@@ -148,7 +150,27 @@ def test_a_warm_baseline_runs_one_warm_up_pass() -> None:
     base = scripted(jittered(1000, 0.01, seed=8), clock, log, "B")
     policy = MeasurePolicy(min_passes=5, target_half_width=0.5, time_cap_s=1e9)
     m = measure_paired(cand, base, policy, clock, baseline_warm=True)
-    assert m.candidate_warmup == 2 and m.baseline_warmup == 1 and log[:3] == ["A", "A", "B"]
+    assert len(m.candidate_warmup) == 2 and len(m.baseline_warmup) == 1 and log[:3] == ["A", "A", "B"]
+
+
+def test_a_screen_warms_the_candidate_up_twice_at_most_and_measures_a_warm_baseline_at_once() -> None:
+    clock = Clock()
+    log: list[str] = []
+    # A candidate still settling after two passes: the full protocol warms it up on, a screen does not.
+    cand = scripted(itertools.chain([500, 900, 1100, 1190], jittered(1200, 0.01, seed=9)), clock, log, "A")
+    base = scripted(jittered(1000, 0.01, seed=10), clock, log, "B")
+    policy = MeasurePolicy(min_passes=5, target_half_width=0.02, time_cap_s=1e9, min_warmup=3, max_warmup=10)
+    m = measure_paired(cand, base, policy.screening(), clock, baseline_warm=True)
+    assert m.candidate_warmup == pytest.approx([500, 900]) and m.baseline_warmup == []
+    assert "".join(log[2:8]) == "ABBAAB"  # measured pairs start right after the candidate's warm-up
+    full = measure_paired(
+        scripted(itertools.chain([500, 900, 1100, 1190], jittered(1200, 0.01, seed=9)), clock),
+        scripted(jittered(1000, 0.01, seed=10), clock),
+        policy,
+        clock,
+        baseline_warm=True,
+    )
+    assert len(full.candidate_warmup) == 5 and len(full.baseline_warmup) == 1  # 1190 and ~1200 agree
 
 
 def test_bad_policies_are_refused() -> None:

@@ -160,10 +160,9 @@ def benchmark(
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     prompts = make_prompts(workload, vocab_size, seed)
-    for _ in range(warmup):
-        replay(hotpath, workload, prompts, device=device, clock=clock)
+    warm = [throughput(replay(hotpath, workload, prompts, device=device, clock=clock)) for _ in range(warmup)]
     passes = [replay(hotpath, workload, prompts, device=device, clock=clock) for _ in range(repeats)]
-    return figures_of(passes, warmup)
+    return figures_of(passes, warm)
 
 
 class ReusedCache:
@@ -225,10 +224,10 @@ def throughput(result: PassResult) -> float:
 
 
 def figures_of(
-    passes: Sequence[PassResult], warmup_passes: int = 0, shape: MeasuredShape | None = None
+    passes: Sequence[PassResult], warmup: Sequence[float] = (), shape: MeasuredShape | None = None
 ) -> Figures:
-    """Aggregate measured passes into ``Figures`` (``warmup_passes``: how many ran unmeasured before;
-    ``shape``: what they measured)."""
+    """Aggregate measured passes into ``Figures`` (``warmup``: the throughputs of the passes that ran
+    unmeasured before; ``shape``: what they measured)."""
     if not passes:
         raise ValueError("figures_of needs at least one measured pass")
     output_tps = [throughput(p) for p in passes]
@@ -250,6 +249,7 @@ def figures_of(
         ciHigh=ci.hi if ci is not None else 0.0,
         ttftP95Repeats=[percentile(p.ttft_s, 95) * 1e3 for p in passes],
         itlP95Repeats=[percentile(p.itl_s, 95) * 1e3 for p in passes],
-        warmupPasses=warmup_passes,
+        warmupPasses=len(warmup),
+        warmupRepeats=list(warmup),
         shape=shape,
     )

@@ -16,7 +16,7 @@ Owns the measurement protocol of campaign experiments (``run.run_experiment`` ca
   ``min_losing_passes`` when its half-width is within ``LOSING_SLACK`` times the target): a candidate that is surely slower needs no precise figure
   (no decision about it can come out "better"), and ending it early keeps the budget for the rest. A baseline that is already warm (``baseline_warm``: held
   loaded, with its cache, since an earlier experiment warmed it) runs one unmeasured pass
-  instead of warming up to a steady state again.
+  instead of warming up to a steady state again (none when screening).
   Pair ``i`` is (the candidate's ``i``-th pass, the baseline's ``i``-th pass).
 
 ``waits_more`` tells when a CPU-time measurement would flatter a candidate that waits (its
@@ -72,8 +72,9 @@ SCREEN_WIDTH = 2.5
 """A screening measurement's target half-width, in multiples of the full one."""
 SCREEN_TIME = 0.2
 """A screening measurement's time cap, as a fraction of the full one."""
-SCREEN_WARMUP = 4
-"""A screening measurement's warm-up passes at most (per build)."""
+SCREEN_WARMUP = 2
+"""A screening measurement's warm-up passes at most (per build): the first pass after a swap
+captures the sampled shapes' graphs and compiles their kernels; the second runs them warm."""
 
 LOSING_SLACK = 1.5
 """A surely slower candidate may stop early with an interval up to this many times the target half-width."""
@@ -99,18 +100,24 @@ class MeasurePolicy:
     max_warmup: int = 10
     warmup_tolerance: float = 0.05
     confidence: float = 0.95
+    rewarm_baseline: bool = True
+    """Whether a baseline held warm since an earlier experiment runs one unmeasured pass first."""
 
     def screening(self) -> MeasurePolicy:
         """The short protocol for screening many candidates: ``SCREEN_PASSES`` pairs at least, a
         target ``SCREEN_WIDTH`` times wider, ``SCREEN_TIME`` of the time cap. Its verdicts are
-        ranked like any other; what is kept is raced again by the full protocol."""
+        ranked like any other; what is kept is raced again by the full protocol. The candidate
+        warms up for at most ``SCREEN_WARMUP`` passes, and a baseline held warm measures at once:
+        the ABBA order cancels a drift across the pairs, and the race settles what was kept."""
         return replace(
             self,
             min_passes=min(self.min_passes, SCREEN_PASSES),
             min_losing_passes=min(self.min_losing_passes, SCREEN_PASSES - 1),
             target_half_width=self.target_half_width * SCREEN_WIDTH,
             time_cap_s=self.time_cap_s * SCREEN_TIME,
+            min_warmup=min(self.min_warmup, SCREEN_WARMUP),
             max_warmup=min(self.max_warmup, SCREEN_WARMUP),
+            rewarm_baseline=False,
         )
 
     def __post_init__(self) -> None:
@@ -131,7 +138,8 @@ class Measurement:
     """One build's measured passes (after ``warmup`` unmeasured ones) and its median with a CI."""
 
     passes: list[PassResult]
-    warmup: int
+    warmup: list[float]
+    """Throughput of each unmeasured warm-up pass."""
     estimate: Estimate
     seconds: float
     warmup_s: float = 0.0
@@ -144,22 +152,23 @@ class PairedMeasurement:
 
     candidate: list[PassResult]
     baseline: list[PassResult]
-    candidate_warmup: int
-    baseline_warmup: int
+    candidate_warmup: list[float]
+    baseline_warmup: list[float]
+    """Throughput of each build's unmeasured warm-up passes."""
     estimate: Estimate
     seconds: float
     warmup_s: float = 0.0
     """Of ``seconds``: both builds' unmeasured warm-up passes'."""
 
 
-def warm_up(run_pass: Pass, policy: MeasurePolicy) -> int:
-    """Run unmeasured passes until the last two agree within the tolerance (or the cap); how many ran."""
+def warm_up(run_pass: Pass, policy: MeasurePolicy) -> list[float]:
+    """Run unmeasured passes until the last two agree within the tolerance (or the cap); their throughputs."""
     seen: list[float] = []
     while len(seen) < policy.max_warmup:
         seen.append(max(throughput(run_pass()), 1e-9))
         if len(seen) >= max(2, policy.min_warmup) and steady_state(seen, policy.warmup_tolerance):
             break
-    return len(seen)
+    return seen
 
 
 def _enough(
@@ -209,8 +218,7 @@ def measure_paired(
     started = clock()
     candidate_warmup = warm_up(run_candidate, policy)
     if baseline_warm:
-        run_baseline()
-        baseline_warmup = 1
+        baseline_warmup = [max(throughput(run_baseline()), 1e-9)] if policy.rewarm_baseline else []
     else:
         baseline_warmup = warm_up(run_baseline, policy)
     measuring = clock()

@@ -58,11 +58,13 @@ DEVICE_DEFAULTS: dict[str, dict[str, str | int]] = {
         "deadline": "10m",
         "experiment_timeout": measurement.DEFAULT_EXPERIMENT_TIMEOUT,
     },
-    # A 2-minute campaign: experiments at the workload's real shape take 3-10 s on llama-8b (the
-    # recorded sampled passes), so 2 minutes hold tens of them; a torch.compile candidate still
-    # compiling after 30 s is "not ready yet" (one warm retry), not worth a quarter of the deadline.
-    # bench/h200.sh shapes runs each traffic shape's campaign on these defaults.
-    "cuda": {"max_experiments": 400, "deadline": "2m", "experiment_timeout": "30s"},
+    # A 5-minute campaign. A screen at the workload's real shape takes about 3 s on llama-8b, but a
+    # campaign also pays once for its baseline, the first Triton tile tuning, the final pairing
+    # and its confirmation (about 45 s on an H200): in 2 minutes those were most of it (354
+    # experiments an hour on chat-default), in 5 they are a sixth. A torch.compile candidate
+    # still compiling after 30 s is "not ready yet" (one warm retry), not worth a tenth of the
+    # deadline. bench/h200.sh shapes runs each traffic shape's campaign on these defaults.
+    "cuda": {"max_experiments": 400, "deadline": "5m", "experiment_timeout": "30s"},
 }
 """Per device type, ``--max-experiments``, ``--deadline`` and ``--experiment-timeout`` when not given."""
 

@@ -15,7 +15,10 @@ N = output features, K = input features.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import torch
 import triton
@@ -144,6 +147,37 @@ def fitting_configs(reduced: str) -> Callable[..., list[triton.Config]]:
     return fitting
 
 
+Prune = Callable[..., list[triton.Config]]
+
+
+@cache
+def _compilers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="triton-compile")
+
+
+def compiling_ahead(kernel: triton.JITFunction, prune: Prune) -> Prune:
+    """``prune`` (an ``early_config_prune``), then every tile it kept compiled at once on a thread
+    pool (Triton's ``AsyncCompileMode``), before the autotuner times them one by one: timing a
+    tile takes milliseconds, compiling it a quarter of a second, mostly outside the interpreter
+    lock. The autotuner then finds each one compiled. Without ``AsyncCompileMode`` (an older
+    Triton) the tiles compile one by one as they are timed."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # pragma: no cover - Triton before 3.4
+        return prune
+
+    def pruned(configs: list[triton.Config], named_args: dict, **call: object) -> list[triton.Config]:
+        kept = prune(configs, named_args, **call)
+        if len(kept) > 1:
+            launch = {k: v for k, v in call.items() if k != "warmup"}
+            with AsyncCompileMode(_compilers()):
+                for config in kept:
+                    kernel.run(*named_args.values(), warmup=True, **launch, **config.all_kwargs())
+        return kept
+
+    return pruned
+
+
 GEMV_BENCH_MS = (5, 25)
 """(warm-up, measured) milliseconds of ``triton.testing.do_bench`` per candidate tile: it flushes
 L2 before every run, so each candidate reads its weight from HBM, as in a decode step."""
@@ -156,7 +190,7 @@ def bench_tile(fn: object, quantiles: object) -> object:
 _gemv_tuned = triton.autotune(
     configs=gemv_configs(),
     key=["B", "N", "K", "PROLOGUE", "HAS_BIAS", "HAS_RES"],
-    prune_configs_by={"early_config_prune": fitting_configs("K")},
+    prune_configs_by={"early_config_prune": compiling_ahead(_gemv_kernel, fitting_configs("K"))},
     do_bench=bench_tile,
     # Kept on disk (Triton's cache, keyed by the kernel's source, the device and the signature):
     # a worker restarted after a timeout, or the next campaign on this cache, reads the tile

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_kernels import bench_tile, fitting_configs, gemv_configs
+from .gemv_kernels import bench_tile, compiling_ahead, fitting_configs, gemv_configs
 
 FIXED_BLOCKS = (32, 64)
 """(BLOCK_N, BLOCK_K) where no tuning runs: prompts, and the interpreter."""
@@ -113,14 +113,14 @@ def _down_kernel(
 _gate_up_tuned = triton.autotune(
     configs=moe_configs(),
     key=["BUCKET", "H", "W"],
-    prune_configs_by={"early_config_prune": fitting_configs("H")},
+    prune_configs_by={"early_config_prune": compiling_ahead(_gate_up_kernel, fitting_configs("H"))},
     do_bench=bench_tile,
     cache_results=True,  # on disk with Triton's cache, as the dense GEMV's tiles
 )(_gate_up_kernel)
 _down_tuned = triton.autotune(
     configs=moe_configs(),
     key=["BUCKET", "H", "W"],
-    prune_configs_by={"early_config_prune": fitting_configs("W")},
+    prune_configs_by={"early_config_prune": compiling_ahead(_down_kernel, fitting_configs("W"))},
     do_bench=bench_tile,
     cache_results=True,
 )(_down_kernel)

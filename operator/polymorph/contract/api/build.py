@@ -94,6 +94,9 @@ class Figures(StrictModel):
     warmupPasses: int = Field(
         default=0, ge=0, description="unmeasured passes run until two agreed (steady state)"
     )
+    warmupRepeats: list[float] = Field(
+        default_factory=list, description="outputTokensPerSecond of each unmeasured warm-up pass"
+    )
     shape: MeasuredShape | None = Field(
         default=None, description="the workload shape these figures were measured at"
     )
