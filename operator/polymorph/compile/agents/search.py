@@ -34,9 +34,9 @@ Plan (the agent only screens; the campaign's judgement settles the result):
    full protocol, and the leader paired with the baseline).
 4. A configuration holding a value its knob declares ``slow_prepare`` (a torch.compile: tens of
    seconds to prepare the first time on an accelerator) is screened only while the agent's
-   seconds left hold ``SLOW_PREPARE_SHARE`` experiment timeouts. Under a short deadline (two
+   seconds left hold ``SLOW_PREPARE_SHARE`` experiment timeouts. Under a short deadline (five
    minutes and a 30 s timeout, ``polymorph compile --device cuda``'s defaults) the search spends
-   its time on the builds that prepare in a second or two.
+   its last two minutes on the builds that prepare in a second or two.
 5. A screening experiment that **timed out** (a torch.compile candidate still preparing: "not
    ready yet", not "slow") is tried once more after the rest, when the persistent compile
    cache has its artifacts. Until then, a configuration is deferred when it holds every value
