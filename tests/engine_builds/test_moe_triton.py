@@ -27,7 +27,9 @@ FUSED = {"kv_cache": "static", "decode_step": "fused", "sampling": "device"}
 @needs_triton
 @pytest.mark.parametrize("shape", ["qwen3-moe-tiny", "mixtral-tiny"])
 @pytest.mark.parametrize(
-    "knobs", [{"moe_experts": "triton"}, {**FUSED, "moe_experts": "triton"}], ids=["layered", "fused"]
+    "knobs",
+    [{"moe_experts": "triton"}, {**FUSED, "moe_experts": "triton", "moe_routing": "fused"}],
+    ids=["layered", "fused"],
 )
 def test_triton_experts_agree_with_the_defaults(shape: str, knobs: dict[str, Any]) -> None:
     model = load_model(shape, seed=5)
@@ -67,6 +69,26 @@ def test_fused_moe_matches_a_plain_loop(rows: int) -> None:
     for blocks in sorted(tiles) if rows == 1 else []:
         got = kernels.fused_moe(x, w13, w2, weights, chosen, blocks=blocks)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"tile {blocks}")
+    hotpath.close()
+
+
+@needs_triton
+@pytest.mark.parametrize("renormalise", [True, False])
+def test_the_routing_kernel_matches_the_reference_routing(renormalise: bool) -> None:
+    hotpath, _, _ = load_hotpath(
+        load_model("qwen3-moe-tiny", seed=1),
+        REFERENCE_BUILD,
+        {"moe_experts": "triton", "moe_routing": "fused"},
+    )
+    kernels = sys.modules[type(hotpath).__module__.rsplit(".", 1)[0] + ".moe_kernels"]
+    reference = sys.modules[type(hotpath).__module__.rsplit(".", 1)[0] + ".model"]
+    g = torch.Generator().manual_seed(int(renormalise))
+    t, h, e, k = 5, 24, 12, 3  # E not a power of two: the padded lanes must never be chosen
+    flat, router = torch.randn(t, h, generator=g), torch.randn(e, h, generator=g)
+    want_weights, want_chosen = reference.route(flat, router, k, renormalise)
+    weights, chosen = kernels.route(torch.nn.functional.linear(flat, router), k, renormalise, flat.dtype)
+    assert torch.equal(chosen, want_chosen)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
     hotpath.close()
 
 

@@ -8,7 +8,12 @@ expert's weight tile by tile: at decode a GEMV over the selected experts, one la
 them; sorting the pairs by expert keeps the programs that share an expert adjacent, so a weight
 tile several rows chose is read from L2. (vLLM's fused_moe also pads each expert's pairs to a
 block of rows and runs them as one tiled GEMM, which wins on prompts; this kernel is the
-decode-shaped half of that.)
+decode-shaped half of that.) One row (batch-1 decode) has K distinct experts and nothing to
+share: its pairs stay in row order and ``_down_rows_kernel`` sums them per row, so the step has
+two launches for its experts and none for sorting or combining (on an H200 the sort, the gathers
+and the ``index_add_`` were about a quarter of batch-1 qwen3-30b-a3b's step, as small kernels).
+``route`` (``moe_routing = "fused"``): the top k of the router's logits and their weights in one
+launch.
 
 On CUDA, at decode sizes (at most ``TUNED_MAX_PAIRS`` pairs), each kernel's tile is tuned per
 signature (``triton.autotune`` over ``moe_configs``, timed with L2 flushed as the dense GEMV's is:
@@ -50,18 +55,23 @@ def moe_configs() -> list[triton.Config]:
 def _gate_up_kernel(
     x_ptr,  # [T, H]
     w13_ptr,  # [E, 2I, H]
-    rows_ptr,  # [P] int64: each sorted pair's row
-    experts_ptr,  # [P] int64: each sorted pair's expert
+    rows_ptr,  # [P] int64: each sorted pair's row (unused when the pairs are in row order)
+    experts_ptr,  # [P] int64: each pair's expert
     y_ptr,  # [P, I]: silu(gate) * up
     H,
     W,  # the expert width (I)
+    K,  # experts per row
     BUCKET,  # the pairs' power-of-two bucket: the tuning key only
+    SORTED: tl.constexpr,  # pairs sorted by expert (rows_ptr), or in row order (pair // K)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row = tl.load(rows_ptr + pair)
+    if SORTED:
+        row = tl.load(rows_ptr + pair)
+    else:
+        row = pair // K
     expert = tl.load(experts_ptr + pair)
     w_base = w13_ptr + expert * 2 * W * H
     gate = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -110,9 +120,99 @@ def _down_kernel(
     tl.store(out_ptr + pair * H + n, (acc.to(dtype).to(tl.float32) * weight).to(dtype), mask=n < H)
 
 
+@triton.jit
+def _down_rows_kernel(
+    y_ptr,  # [T * K, I]: row r's pairs at r * K ... r * K + K - 1
+    w2_ptr,  # [E, H, I]
+    experts_ptr,  # [T * K] int64
+    weights_ptr,  # [T * K]: each pair's routing weight
+    out_ptr,  # [T, H]
+    H,
+    W,
+    K,
+    BUCKET,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One row's BLOCK_N outputs: the sum over its K pairs of weight * down(y), in float32 (the
+    reference adds the rounded products one by one in the activation dtype)."""
+    row = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dtype = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(0, K):
+        pair = row * K + j
+        w_base = w2_ptr + tl.load(experts_ptr + pair) * H * W
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, W, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            y = tl.load(y_ptr + pair * W + k, mask=k < W, other=0.0).to(tl.float32)
+            mask = (n[:, None] < H) & (k[None, :] < W)
+            w = tl.load(w_base + n[:, None] * W + k[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc += tl.sum(w * y[None, :], axis=1)
+        weight = tl.load(weights_ptr + pair).to(tl.float32)
+        total += (acc.to(dtype).to(tl.float32) * weight).to(dtype).to(tl.float32)
+    tl.store(out_ptr + row * H + n, total.to(dtype), mask=n < H)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr,  # [T, E] router logits (any float dtype)
+    weights_ptr,  # [T, K] out: routing weights (activation dtype)
+    chosen_ptr,  # [T, K] out: int64 experts, by descending logit
+    E,
+    K: tl.constexpr,
+    RENORMALISE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    """One row's routing: the top K of its E logits and their weights, the softmax over all E
+    restricted to the K (renormalised to sum to 1 when asked), in float32."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_E)
+    logits = tl.load(logits_ptr + row * E + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    top = tl.max(logits, axis=0)
+    total = tl.sum(tl.where(offs < E, tl.exp(logits - top), 0.0), axis=0)
+    left = logits
+    picked = tl.zeros([BLOCK_E], dtype=tl.float32)  # exp(logit - top) where chosen, else 0
+    for j in tl.static_range(K):
+        best = tl.max(left, axis=0)
+        index = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)  # the first of a tie
+        tl.store(chosen_ptr + row * K + j, index.to(tl.int64))
+        picked = tl.where(offs == index, tl.exp(best - top), picked)
+        left = tl.where(offs == index, float("-inf"), left)
+    norm = tl.sum(picked, axis=0) if RENORMALISE else total
+    left = logits
+    for j in tl.static_range(K):
+        best = tl.max(left, axis=0)
+        index = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
+        value = tl.exp(best - top) / norm
+        tl.store(weights_ptr + row * K + j, value.to(weights_ptr.dtype.element_ty))
+        left = tl.where(offs == index, float("-inf"), left)
+
+
+def route(
+    logits: torch.Tensor, k: int, renormalise: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> routing weights [T, K] (``dtype``) and chosen experts [T, K]
+    (int64), as ``model.route`` computes them from the logits, in one launch."""
+    t, e = logits.shape
+    weights = torch.empty(t, k, device=logits.device, dtype=dtype)
+    chosen = torch.empty(t, k, device=logits.device, dtype=torch.int64)
+    _route_kernel[(t,)](
+        logits.contiguous(),
+        weights,
+        chosen,
+        e,
+        K=k,
+        RENORMALISE=renormalise,
+        BLOCK_E=triton.next_power_of_2(e),
+    )
+    return weights, chosen
+
+
 _gate_up_tuned = triton.autotune(
     configs=moe_configs(),
-    key=["BUCKET", "H", "W"],
+    key=["BUCKET", "H", "W", "SORTED"],
     prune_configs_by={"early_config_prune": compiling_ahead(_gate_up_kernel, fitting_configs("H"))},
     do_bench=bench_tile,
     cache_results=True,  # on disk with Triton's cache, as the dense GEMV's tiles
@@ -124,6 +224,13 @@ _down_tuned = triton.autotune(
     do_bench=bench_tile,
     cache_results=True,
 )(_down_kernel)
+_down_rows_tuned = triton.autotune(
+    configs=moe_configs(),
+    key=["BUCKET", "H", "W", "K"],
+    prune_configs_by={"early_config_prune": compiling_ahead(_down_rows_kernel, fitting_configs("W"))},
+    do_bench=bench_tile,
+    cache_results=True,
+)(_down_rows_kernel)
 
 
 def fused_moe(
@@ -138,26 +245,43 @@ def fused_moe(
     """flat [T, H], w13 [E, 2I, H], w2 [E, H, I], routing weights and chosen experts [T, K] ->
     [T, H]: sum over each row's K experts of weight * down(silu(gate(x)) * up(x)).
 
+    One row (batch-1 decode) chooses K distinct experts: its pairs stay in row order, and the
+    down kernel sums them per row (``_down_rows_kernel``): no sort, no combine. More rows sort
+    their pairs by expert, so the programs of rows that share an expert read its tiles from L2.
     ``blocks``: a fixed (BLOCK_N, BLOCK_K) for both kernels instead (4 warps, untuned)."""
     t, h = flat.shape
     k = chosen.shape[1]
     width = w2.shape[2]
-    experts = chosen.reshape(-1)
-    order = experts.argsort(stable=True)
-    rows, sorted_experts = order // k, experts[order].contiguous()
-    pair_weights = weights.reshape(-1)[order].contiguous()
     pairs = t * k
     bucket = triton.next_power_of_2(pairs)
     x, a, b = flat.contiguous(), w13.contiguous(), w2.contiguous()
     y = flat.new_empty(pairs, width)
+    tuned = blocks is None and flat.device.type == "cuda" and pairs <= TUNED_MAX_PAIRS
+    block_n, block_k = blocks or FIXED_BLOCKS
+    fixed = {"BLOCK_N": block_n, "BLOCK_K": block_k}
+    if t == 1:
+        experts, pair_weights = chosen.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+        out = torch.empty_like(x)
+        up_args = (x, a, experts, experts, y, h, width, k, bucket)
+        down_args = (y, b, experts, pair_weights, out, h, width, k, bucket)
+        if tuned:
+            _gate_up_tuned[lambda meta: (pairs, triton.cdiv(width, meta["BLOCK_N"]))](*up_args, SORTED=False)
+            _down_rows_tuned[lambda meta: (t, triton.cdiv(h, meta["BLOCK_N"]))](*down_args)
+        else:
+            _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](*up_args, SORTED=False, **fixed)
+            _down_rows_kernel[(t, triton.cdiv(h, block_n))](*down_args, **fixed)
+        return out
+    flat_experts = chosen.reshape(-1)
+    order = flat_experts.argsort(stable=True)
+    rows, sorted_experts = order // k, flat_experts[order].contiguous()
+    pair_weights = weights.reshape(-1)[order].contiguous()
     out_pairs = flat.new_empty(pairs, h)
-    up_args = (x, a, rows, sorted_experts, y, h, width, bucket)
+    up_args = (x, a, rows, sorted_experts, y, h, width, k, bucket)
     down_args = (y, b, sorted_experts, pair_weights, out_pairs, h, width, bucket)
-    if blocks is None and flat.device.type == "cuda" and pairs <= TUNED_MAX_PAIRS:
-        _gate_up_tuned[lambda meta: (pairs, triton.cdiv(width, meta["BLOCK_N"]))](*up_args)
+    if tuned:
+        _gate_up_tuned[lambda meta: (pairs, triton.cdiv(width, meta["BLOCK_N"]))](*up_args, SORTED=True)
         _down_tuned[lambda meta: (pairs, triton.cdiv(h, meta["BLOCK_N"]))](*down_args)
     else:
-        block_n, block_k = blocks or FIXED_BLOCKS
-        _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](*up_args, BLOCK_N=block_n, BLOCK_K=block_k)
-        _down_kernel[(pairs, triton.cdiv(h, block_n))](*down_args, BLOCK_N=block_n, BLOCK_K=block_k)
+        _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](*up_args, SORTED=True, **fixed)
+        _down_kernel[(pairs, triton.cdiv(h, block_n))](*down_args, **fixed)
     return torch.zeros_like(flat).index_add_(0, rows, out_pairs)
