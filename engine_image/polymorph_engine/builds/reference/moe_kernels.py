@@ -93,6 +93,34 @@ def _gate_up_kernel(
 
 
 @triton.jit
+def _weighted_down(
+    y_ptr,
+    w2_ptr,
+    experts_ptr,
+    weights_ptr,
+    pair,
+    n,
+    H,
+    W,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Pair ``pair``'s routing weight times its expert's down projection of y, outputs ``n``,
+    each rounded to y's dtype where the reference rounds them (returned in float32)."""
+    dtype = y_ptr.dtype.element_ty
+    w_base = w2_ptr + tl.load(experts_ptr + pair) * H * W
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, W, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        y = tl.load(y_ptr + pair * W + k, mask=k < W, other=0.0).to(tl.float32)
+        mask = (n[:, None] < H) & (k[None, :] < W)
+        w = tl.load(w_base + n[:, None] * W + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += tl.sum(w * y[None, :], axis=1)
+    weight = tl.load(weights_ptr + pair).to(tl.float32)
+    return (acc.to(dtype).to(tl.float32) * weight).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _down_kernel(
     y_ptr,  # [P, I]
     w2_ptr,  # [E, H, I]
@@ -107,18 +135,9 @@ def _down_kernel(
 ):
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    expert = tl.load(experts_ptr + pair)
-    w_base = w2_ptr + expert * H * W
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, W, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        y = tl.load(y_ptr + pair * W + k, mask=k < W, other=0.0).to(tl.float32)
-        mask = (n[:, None] < H) & (k[None, :] < W)
-        w = tl.load(w_base + n[:, None] * W + k[None, :], mask=mask, other=0.0).to(tl.float32)
-        acc += tl.sum(w * y[None, :], axis=1)
     dtype = out_ptr.dtype.element_ty
-    weight = tl.load(weights_ptr + pair).to(tl.float32)
-    tl.store(out_ptr + pair * H + n, (acc.to(dtype).to(tl.float32) * weight).to(dtype), mask=n < H)
+    weighted = _weighted_down(y_ptr, w2_ptr, experts_ptr, weights_ptr, pair, n, H, W, BLOCK_N, BLOCK_K)
+    tl.store(out_ptr + pair * H + n, weighted.to(dtype), mask=n < H)
 
 
 @triton.jit
@@ -142,17 +161,9 @@ def _down_rows_kernel(
     dtype = out_ptr.dtype.element_ty
     total = tl.zeros([BLOCK_N], dtype=tl.float32)
     for j in range(0, K):
-        pair = row * K + j
-        w_base = w2_ptr + tl.load(experts_ptr + pair) * H * W
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, W, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            y = tl.load(y_ptr + pair * W + k, mask=k < W, other=0.0).to(tl.float32)
-            mask = (n[:, None] < H) & (k[None, :] < W)
-            w = tl.load(w_base + n[:, None] * W + k[None, :], mask=mask, other=0.0).to(tl.float32)
-            acc += tl.sum(w * y[None, :], axis=1)
-        weight = tl.load(weights_ptr + pair).to(tl.float32)
-        total += (acc.to(dtype).to(tl.float32) * weight).to(dtype).to(tl.float32)
+        total += _weighted_down(
+            y_ptr, w2_ptr, experts_ptr, weights_ptr, row * K + j, n, H, W, BLOCK_N, BLOCK_K
+        )
     tl.store(out_ptr + row * H + n, total.to(dtype), mask=n < H)
 
 
@@ -175,20 +186,21 @@ def _route_kernel(
     total = tl.sum(tl.where(offs < E, tl.exp(logits - top), 0.0), axis=0)
     left = logits
     picked = tl.zeros([BLOCK_E], dtype=tl.float32)  # exp(logit - top) where chosen, else 0
+    rank = tl.full([BLOCK_E], -1, dtype=tl.int32)  # the order each expert was chosen in, else -1
     for j in tl.static_range(K):
         best = tl.max(left, axis=0)
         index = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)  # the first of a tie
         tl.store(chosen_ptr + row * K + j, index.to(tl.int64))
         picked = tl.where(offs == index, tl.exp(best - top), picked)
+        rank = tl.where(offs == index, j, rank)
         left = tl.where(offs == index, float("-inf"), left)
-    norm = tl.sum(picked, axis=0) if RENORMALISE else total
-    left = logits
+    if RENORMALISE:
+        norm = tl.sum(picked, axis=0)
+    else:
+        norm = total
     for j in tl.static_range(K):
-        best = tl.max(left, axis=0)
-        index = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
-        value = tl.exp(best - top) / norm
+        value = tl.sum(tl.where(rank == j, picked, 0.0), axis=0) / norm
         tl.store(weights_ptr + row * K + j, value.to(weights_ptr.dtype.element_ty))
-        left = tl.where(offs == index, float("-inf"), left)
 
 
 def route(
