@@ -135,6 +135,18 @@ def _figures(passes: list[Any]) -> dict[str, float]:
     }
 
 
+ITL_QUANTILES = (50, 90, 95, 98, 99)
+
+
+def _itl_ms(passes: list[Any]) -> dict[str, float]:
+    """Quantiles of the inter-token gaps of every pass pooled, in ms: where the p95 sits between
+    the plain decode steps and the gaps that waited on another request's prefill."""
+    from polymorph_engine.experiment.bench import percentile
+
+    gaps = [t for p in passes for t in p.itl_s]
+    return {f"p{q}": round(percentile(gaps, q) * 1e3, 3) for q in ITL_QUANTILES} if gaps else {}
+
+
 def _error(estimate: dict[str, float], truth: dict[str, float]) -> dict[str, float]:
     return {k: estimate[k] / truth[k] - 1.0 for k in truth if truth[k]}
 
@@ -323,6 +335,7 @@ def main() -> int:
                         row["passSplit"] = _split(sampler, reused, args.split_passes)
                     sampler.release()
                     row["estimate"] = _figures(estimate.passes)
+                    row["estimateItlMs"] = _itl_ms(estimate.passes)
                     row["estimateS"] = round(time.perf_counter() - t, 2)
                     row["estimatePasses"] = len(estimate.passes)
                     row["estimateWarmup"] = estimate.warmup
@@ -341,6 +354,7 @@ def main() -> int:
                         for _ in range(args.full_passes)
                     ]
                     row["full"] = _figures(full)
+                    row["fullItlMs"] = _itl_ms(full)
                     row["fullS"] = round(time.perf_counter() - t, 2)
                     row["error"] = _error(row["estimate"], row["full"])
                     reused.release()

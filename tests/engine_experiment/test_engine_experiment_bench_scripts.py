@@ -145,6 +145,10 @@ def test_fidelity_records_the_estimate_beside_the_full_replay(tmp_path: Path) ->
     for build in entry["builds"]:
         assert build["full"]["outputTokS"] > 0 and build["estimate"]["outputTokS"] > 0
         assert set(build["error"]) == {"outputTokS", "totalTokS", "ttftP95Ms", "itlP95Ms"}
+        for gaps in (build["estimateItlMs"], build["fullItlMs"]):  # the ITL's tail, for where p95 sits
+            assert list(gaps) == ["p50", "p90", "p95", "p98", "p99"] and list(gaps.values()) == sorted(
+                gaps.values()
+            )
         # Where a sampled pass's time goes: its calls, layout and host work add up to its wall time.
         split = build["passSplit"]
         assert split["callsPerPass"]["prefill"] >= 1 and split["callsS"]["prefill"] > 0
