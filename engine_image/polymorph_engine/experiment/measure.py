@@ -3,8 +3,9 @@
 Owns the measurement protocol of campaign experiments (``run.run_experiment`` calls it):
 - ``warm_up``: unmeasured passes after a swap until two consecutive ones agree within
   ``MeasurePolicy.warmup_tolerance`` (``polymorph.contract.stats.steady_state``), or ``max_warmup`` passes;
-  it returns how many ran. First passes after a swap are slow (allocator, caches, clocks), and
-  one fixed warm-up pass was not enough.
+  it returns their throughputs (kept in the record: ``Figures.warmupRepeats``). First passes
+  after a swap are slow (graph captures, kernel compiles, allocator, clocks), and one fixed
+  warm-up pass was not enough.
 - ``measure_one``: warm-up, then measured passes until the median's 95% interval
   (``stats.median_ci``) is within ``target_half_width``, with at least ``min_passes`` and at
   most ``max_passes`` passes, and no new pass once ``time_cap_s`` of measuring has passed.
