@@ -184,15 +184,14 @@ def _campaign_doc(records: list[ExperimentRecord], seconds: float, confirmations
     )
     total = sum(r.timings.totalS for r in records)
     screens = [r.timings.totalS for r in records if r.screen]
+    screen_s = sum(screens)
     experiments = len(records) + confirmations
     return {
         "experiments": experiments,
         "confirmations": confirmations,
         "seconds": round(seconds, 1),
         "experimentsPerHour": round(experiments * 3600 / seconds, 1) if seconds > 0 else 0.0,
-        "screenExperimentsPerHour": round(len(screens) * 3600 / sum(screens), 1)
-        if sum(screens) > 0
-        else None,
+        "screenExperimentsPerHour": round(len(screens) * 3600 / screen_s, 1) if screen_s > 0 else None,
         "experimentsPerHourWithoutCompilePrepare": round(len(records) * 3600 / (total - compile_prep), 1)
         if total > compile_prep
         else None,

@@ -95,9 +95,9 @@ class Moe:
 
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """flat [T, H] -> routing weights [T, K] (activation dtype) and chosen experts [T, K] (int64)."""
-        if self.routing == "fused" and self.kernels is not None:  # one launch after the router's
-            return self.kernels.route(F.linear(flat, self.router), self.k, self.norm_topk, flat.dtype)
         if self.routing == "fused":
+            if self.kernels is not None:  # one launch after the router's projection
+                return self.kernels.route(F.linear(flat, self.router), self.k, self.norm_topk, flat.dtype)
             logits = F.linear(flat, self.router).float()  # [T, E]
             top, chosen = logits.topk(self.k, dim=-1)
             if self.norm_topk:

@@ -32,6 +32,8 @@ interpreter (tests). Shapes: T = rows, P = T * K pairs, H = hidden, I = expert w
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -271,30 +273,63 @@ def fused_moe(
     y = flat.new_empty(pairs, width)
     tuned = blocks is None and flat.device.type == "cuda" and pairs <= TUNED_MAX_PAIRS
     block_n, block_k = blocks or FIXED_BLOCKS
-    fixed = {"BLOCK_N": block_n, "BLOCK_K": block_k}
+
+    def launch(
+        kernel: Any, autotuned: Any, programs: int, outputs: int, *args: object, **flags: object
+    ) -> None:
+        """``programs`` x (``outputs`` / BLOCK_N) programs of ``kernel``, its tile tuned or fixed."""
+        if tuned:
+            autotuned[lambda meta: (programs, triton.cdiv(outputs, meta["BLOCK_N"]))](*args, **flags)
+        else:
+            kernel[(programs, triton.cdiv(outputs, block_n))](
+                *args, **flags, BLOCK_N=block_n, BLOCK_K=block_k
+            )
+
     if t == 1:
         experts, pair_weights = chosen.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
         out = torch.empty_like(x)
-        up_args = (x, a, experts, experts, y, h, width, k, bucket)
-        down_args = (y, b, experts, pair_weights, out, h, width, k, bucket)
-        if tuned:
-            _gate_up_tuned[lambda meta: (pairs, triton.cdiv(width, meta["BLOCK_N"]))](*up_args, SORTED=False)
-            _down_rows_tuned[lambda meta: (t, triton.cdiv(h, meta["BLOCK_N"]))](*down_args)
-        else:
-            _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](*up_args, SORTED=False, **fixed)
-            _down_rows_kernel[(t, triton.cdiv(h, block_n))](*down_args, **fixed)
+        launch(
+            _gate_up_kernel,
+            _gate_up_tuned,
+            pairs,
+            width,
+            x,
+            a,
+            experts,
+            experts,
+            y,
+            h,
+            width,
+            k,
+            bucket,
+            SORTED=False,
+        )
+        launch(
+            _down_rows_kernel, _down_rows_tuned, t, h, y, b, experts, pair_weights, out, h, width, k, bucket
+        )
         return out
     flat_experts = chosen.reshape(-1)
     order = flat_experts.argsort(stable=True)
     rows, sorted_experts = order // k, flat_experts[order].contiguous()
     pair_weights = weights.reshape(-1)[order].contiguous()
     out_pairs = flat.new_empty(pairs, h)
-    up_args = (x, a, rows, sorted_experts, y, h, width, k, bucket)
-    down_args = (y, b, sorted_experts, pair_weights, out_pairs, h, width, bucket)
-    if tuned:
-        _gate_up_tuned[lambda meta: (pairs, triton.cdiv(width, meta["BLOCK_N"]))](*up_args, SORTED=True)
-        _down_tuned[lambda meta: (pairs, triton.cdiv(h, meta["BLOCK_N"]))](*down_args)
-    else:
-        _gate_up_kernel[(pairs, triton.cdiv(width, block_n))](*up_args, SORTED=True, **fixed)
-        _down_kernel[(pairs, triton.cdiv(h, block_n))](*down_args, **fixed)
+    launch(
+        _gate_up_kernel,
+        _gate_up_tuned,
+        pairs,
+        width,
+        x,
+        a,
+        rows,
+        sorted_experts,
+        y,
+        h,
+        width,
+        k,
+        bucket,
+        SORTED=True,
+    )
+    launch(
+        _down_kernel, _down_tuned, pairs, h, y, b, sorted_experts, pair_weights, out_pairs, h, width, bucket
+    )
     return torch.zeros_like(flat).index_add_(0, rows, out_pairs)
