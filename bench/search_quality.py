@@ -256,6 +256,10 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit(
             "--sweep-only and --sweep-from: give one (the first measures a sweep, the second reuses one)"
         )
+    if args.sweep_screen and args.sweep_from is not None:
+        raise SystemExit(
+            "--sweep-screen and --sweep-from: --sweep-from reuses a sweep, so nothing is screened"
+        )
     try:
         parse_duration(args.deadline)
     except ValueError as exc:

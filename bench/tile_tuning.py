@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/tile_tuning.py needs a CUDA device (it tunes Triton kernels on one).")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise SystemExit(f"--out {args.out}: its directory does not exist")
     results: dict[str, Any] = {}
     for mode in MODES:
         with tempfile.TemporaryDirectory(prefix="tile-tuning-") as cache:
@@ -93,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                 env=env,
                 capture_output=True,
                 text=True,
-                check=True,
+                check=False,
             )
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise SystemExit(f"bench/tile_tuning.py: the {mode} run failed: {last}")
             results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{mode}: {results[mode]['total']:.1f} s", file=sys.stderr)
     doc = {

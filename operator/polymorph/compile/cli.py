@@ -58,12 +58,15 @@ DEVICE_DEFAULTS: dict[str, dict[str, str | int]] = {
         "deadline": "10m",
         "experiment_timeout": measurement.DEFAULT_EXPERIMENT_TIMEOUT,
     },
-    # A 5-minute campaign. A screen at the workload's real shape takes about 3 s on llama-8b, but a
-    # campaign also pays once for its baseline, the first Triton tile tuning, the final pairing
-    # and its confirmation (about 45 s on an H200): in 2 minutes those were most of it (354
-    # experiments an hour on chat-default), in 5 they are a sixth. A torch.compile candidate
-    # still compiling after 30 s is "not ready yet" (one warm retry), not worth a tenth of the
-    # deadline. bench/h200.sh shapes runs each traffic shape's campaign on these defaults.
+    # A 5-minute campaign. A screen at the workload's real shape takes 2-3 s on llama-8b, but a
+    # campaign also pays once for its baseline, its first compiles, its races, the final pairing
+    # and the confirmation: in 2 minutes those were most of it (354 experiments an hour on
+    # chat-default, H200); in 5 minutes, on an H100, 1,022 an hour on single-stream chat and 701
+    # on chat-default, whose one-offs still took 155 s of 282 (docs/performance.md). The
+    # longest that fits one 10-minute device call beside its judgement. A torch.compile
+    # candidate still compiling after 30 s is "not ready yet" (one warm retry), not worth a
+    # tenth of the deadline. bench/h200.sh shapes runs each traffic shape's campaign on these
+    # defaults.
     "cuda": {"max_experiments": 400, "deadline": "5m", "experiment_timeout": "30s"},
 }
 """Per device type, ``--max-experiments``, ``--deadline`` and ``--experiment-timeout`` when not given."""
