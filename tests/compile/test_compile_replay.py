@@ -140,13 +140,14 @@ def test_over_200_seeds_of_the_recorded_8b_sweep_the_kept_build_is_within_3_perc
 def test_on_polymorph_compiles_cuda_defaults_the_compile_candidates_wait_and_40_seeds_keep_within_3_percent(
     sweep_8b: RecordedSpace, tmp_path: Path
 ) -> None:
-    # Two minutes and a 30 s timeout: a torch.compile candidate that runs into the timeout would
-    # cost a quarter of the campaign (without build.toml's slow_prepare, 25 of 40 seeds kept a
-    # build within 3%); the agent screens only what prepares fast.
+    # Five minutes and a 30 s timeout: a torch.compile candidate that runs into the timeout and
+    # is retried warm would cost a sixth of the campaign (with two minutes and without
+    # build.toml's slow_prepare, 25 of 40 seeds kept a build within 3%); the agent screens only
+    # what prepares fast.
     seeds = 40
     within = 0
     for seed in range(seeds):
-        outcome, _runner, _ = campaign(sweep_8b, tmp_path, seed, deadline="2m")
+        outcome, _runner, _ = campaign(sweep_8b, tmp_path, seed, deadline="5m")
         assert not [r for r in outcome.records if r.knobs.get("kernels") == "compile"], seed
         within += kept_ratio(sweep_8b, outcome) >= 0.97
     assert within >= 0.95 * seeds, f"within 3% of the best in {within} of {seeds} seeds"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -143,6 +144,38 @@ def test_a_surely_slower_candidate_stops_after_min_losing_passes() -> None:
     assert len(same.candidate) == 8
 
 
+def test_a_candidate_far_ahead_of_its_baseline_stops_at_a_wider_interval() -> None:
+    # A fused build against a noisy reference (about 5x, the reference's passes 4% apart): the
+    # gate is far below, so the interval may be 2.5 times the target.
+    policy = MeasurePolicy(min_passes=5, max_passes=40, target_half_width=0.02, time_cap_s=1e9)
+    clock = Clock()
+    far = measure_paired(
+        scripted(jittered(5000, 0.01, seed=7), clock),
+        scripted(jittered(1000, 0.04, seed=8), clock),
+        policy,
+        clock,
+    )
+    assert far.estimate.lo > 1.5 and 0.02 < far.estimate.half_width <= 0.05
+    # The same noise at 1.2x (a race, a candidate near the gate): measured to the target.
+    clock = Clock()
+    near = measure_paired(
+        scripted(jittered(1200, 0.01, seed=7), clock),
+        scripted(jittered(1000, 0.04, seed=8), clock),
+        policy,
+        clock,
+    )
+    assert near.estimate.half_width <= 0.02 and len(near.candidate) > len(far.candidate)
+    # A screen's target is wide already: it is not widened again.
+    clock = Clock()
+    screen = measure_paired(
+        scripted(jittered(5000, 0.01, seed=7), clock),
+        scripted(jittered(1000, 0.04, seed=8), clock),
+        replace(policy, target_half_width=0.01).screening(),
+        clock,
+    )
+    assert screen.estimate.half_width <= 0.025
+
+
 def test_a_warm_baseline_runs_one_warm_up_pass() -> None:
     clock = Clock()
     log: list[str] = []
@@ -180,6 +213,8 @@ def test_bad_policies_are_refused() -> None:
         MeasurePolicy(target_half_width=0)
     with pytest.raises(ValueError, match="warm-up"):
         MeasurePolicy(min_warmup=3, max_warmup=2)
+    with pytest.raises(ValueError, match="far_width"):
+        MeasurePolicy(far_width=0.5)
 
 
 def test_a_candidate_that_waits_is_judged_by_wall_time() -> None:
