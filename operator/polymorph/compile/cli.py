@@ -61,11 +61,13 @@ DEVICE_DEFAULTS: dict[str, dict[str, str | int]] = {
     # A 5-minute campaign. A screen at the workload's real shape takes 2-3 s on llama-8b, but a
     # campaign also pays once for its baseline, its first compiles, its races, the final pairing
     # and the confirmation: in 2 minutes those were most of it (354 experiments an hour on
-    # chat-default, H200); in 5 minutes, on an H100, 1,022 an hour on single-stream chat and 701
-    # on chat-default, whose one-offs still took 155 s of 282 (docs/performance.md). The
-    # longest that fits one 10-minute device call beside its judgement. A torch.compile
-    # candidate still compiling after 30 s is "not ready yet" (one warm retry), not worth a
-    # tenth of the deadline. bench/h200.sh shapes runs each traffic shape's campaign on these
+    # chat-default, H200); in 5 minutes, on an H100, 1,022 an hour on single-stream chat and
+    # 1,001 on chat-default (701 before its one-offs were cut: a torch.compile try, the long
+    # final pairing and confirmation), and 413 on 2-4k prompts, where each candidate fills a
+    # 48k-token decode state (docs/performance.md). The longest that fits one 10-minute device
+    # call beside its judgement. A torch.compile candidate still compiling after 30 s is "not
+    # ready yet" (one warm retry), and a 5-minute campaign tries none (agents/search.py,
+    # SLOW_PREPARE_SHARE). bench/h200.sh shapes runs each traffic shape's campaign on these
     # defaults.
     "cuda": {"max_experiments": 400, "deadline": "5m", "experiment_timeout": "30s"},
 }
