@@ -447,7 +447,7 @@ def test_a_build_judged_by_the_full_protocol_is_kept_over_one_only_screened() ->
 
 
 def test_a_slow_to_prepare_value_waits_while_the_time_left_is_short(tmp_path: Path) -> None:
-    # attn=fused compiles for tens of seconds (slow_prepare); it is the best value. Under a
+    # attn=fused compiles for tens of seconds on an accelerator (slow_prepare); it is the best value. Under a
     # 5-minute deadline and a 30 s timeout the agent never has ten timeouts left: it screens
     # only what prepares fast. With an hour, it screens attn=fused and keeps it.
     base = tmp_path / "toy"
@@ -466,17 +466,19 @@ def test_a_slow_to_prepare_value_waits_while_the_time_left_is_short(tmp_path: Pa
             return super().run(build_dir, description=description, against=against, screen=screen)
 
     kept = {}
-    for deadline in ("5m", "1h"):
+    # On a CPU nothing is slow to prepare (a small model compiles in seconds): a 5-minute campaign
+    # there screens attn=fused as any other value.
+    for deadline, hardware in (("5m", "nvidia-h200"), ("1h", "nvidia-h200"), ("5m", "cpu")):
         runner = TimedRunner()
         budget = Budget(maxExperiments=40, deadline=deadline, sandboxes=1, experimentTimeout="30s")
-        s = settings(base, budget=budget, paths=CampaignPaths("local", "toy", config_uid({"d": deadline})))
-        out = Campaign(s, open_store(str(tmp_path / deadline)), runner, clock=lambda: now[0]).run(
-            SearchAgent()
-        )
+        where = config_uid({"d": deadline, "h": hardware})
+        s = settings(base, budget=budget, hardware=hardware, paths=CampaignPaths("local", "toy", where))
+        out = Campaign(s, open_store(str(tmp_path / where)), runner, clock=lambda: now[0]).run(SearchAgent())
         assert out.result.best is not None
-        kept[deadline] = (out.result.best.knobs["attn"], {k["attn"] for k, _ in runner.ran})
-    assert kept["5m"] == ("naive", {"naive"})
-    assert kept["1h"][0] == "fused"
+        kept[deadline, hardware] = (out.result.best.knobs["attn"], {k["attn"] for k, _ in runner.ran})
+    assert kept["5m", "nvidia-h200"] == ("naive", {"naive"})
+    assert kept["1h", "nvidia-h200"][0] == "fused"
+    assert kept["5m", "cpu"][0] == "fused"
 
 
 def test_budget_exhausted_carries_its_reason() -> None:

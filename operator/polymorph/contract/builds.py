@@ -86,13 +86,18 @@ class Knob:
     slow_prepare: tuple[KnobValue, ...] = ()
     """Values whose prepare compiles (``torch.compile``): tens of seconds the first time on an
     accelerator, where the other values take a second or two. A search under a short budget
-    leaves them for last (``SearchAgent``)."""
+    leaves them out (``SearchAgent``)."""
 
     def choices_on(self, device: str) -> tuple[KnobValue, ...]:
         """The choices a campaign on ``device`` (``cpu``, ``cuda``, an accelerator's name) searches."""
         if device != "cpu":
             return self.choices
         return tuple(c for c in self.choices if not any(_same(c, a) for a in self.accelerator_only))
+
+    def slow_on(self, device: str) -> tuple[KnobValue, ...]:
+        """The values slow to prepare on ``device``: ``slow_prepare`` on an accelerator; none on a
+        CPU, where a small model compiles in seconds."""
+        return self.slow_prepare if device != "cpu" else ()
 
 
 @dataclass(frozen=True)

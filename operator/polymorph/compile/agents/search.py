@@ -32,8 +32,8 @@ Plan (the agent only screens; the campaign's judgement settles the result):
    configuration ``MIN_GAIN`` above the leader, or the agent's budget ends (the campaign keeps
    a reserve of experiments and seconds for its judgement: races of the contenders by the
    full protocol, and the leader paired with the baseline).
-4. A configuration holding a value its knob declares ``slow_prepare`` (a torch.compile: tens of
-   seconds to prepare the first time on an accelerator) is screened only while the agent's
+4. On an accelerator, a configuration holding a value its knob declares ``slow_prepare`` (a
+   torch.compile: tens of seconds to prepare the first time there) is screened only while the agent's
    seconds left hold ``SLOW_PREPARE_SHARE`` experiment timeouts. Under a short deadline (five
    minutes and a 30 s timeout, ``polymorph compile --device cuda``'s defaults) the search screens
    only the builds that prepare in a second or two; a campaign of 15 minutes screens the slow
@@ -313,7 +313,11 @@ class SearchAgent:
 
         timed_out: list[frozenset[tuple[str, str]]] = []  # the values of each configuration that timed out
         passed: set[tuple[str, str]] = set()  # values seen in a configuration that passed
-        slow = {(name, json.dumps(v)) for name, knob in spec.knobs.items() for v in knob.slow_prepare}
+        slow = {
+            (name, json.dumps(v))
+            for name, knob in spec.knobs.items()
+            for v in knob.slow_on(campaign.settings.hardware)
+        }
         slow_after = SLOW_PREPARE_SHARE * parse_duration(campaign.settings.budget.experimentTimeout)
 
         def values(config: Config) -> frozenset[tuple[str, str]]:
