@@ -145,34 +145,22 @@ def test_a_surely_slower_candidate_stops_after_min_losing_passes() -> None:
 
 
 def test_a_candidate_far_ahead_of_its_baseline_stops_at_a_wider_interval() -> None:
-    # A fused build against a noisy reference (about 5x, the reference's passes 4% apart): the
-    # gate is far below, so the interval may be 2.5 times the target.
+    # A fused build against a noisy reference (the reference's passes 4% apart).
     policy = MeasurePolicy(min_passes=5, max_passes=40, target_half_width=0.02, time_cap_s=1e9)
-    clock = Clock()
-    far = measure_paired(
-        scripted(jittered(5000, 0.01, seed=7), clock),
-        scripted(jittered(1000, 0.04, seed=8), clock),
-        policy,
-        clock,
-    )
+
+    def against_the_reference(speed: float, policy: MeasurePolicy) -> PairedMeasurement:
+        clock = Clock()
+        cand = scripted(jittered(speed, 0.01, seed=7), clock)
+        return measure_paired(cand, scripted(jittered(1000, 0.04, seed=8), clock), policy, clock)
+
+    # About 5x: the gate is far below, so the interval may be 2.5 times the target.
+    far = against_the_reference(5000, policy)
     assert far.estimate.lo > 1.5 and 0.02 < far.estimate.half_width <= 0.05
     # The same noise at 1.2x (a race, a candidate near the gate): measured to the target.
-    clock = Clock()
-    near = measure_paired(
-        scripted(jittered(1200, 0.01, seed=7), clock),
-        scripted(jittered(1000, 0.04, seed=8), clock),
-        policy,
-        clock,
-    )
+    near = against_the_reference(1200, policy)
     assert near.estimate.half_width <= 0.02 and len(near.candidate) > len(far.candidate)
     # A screen's target is wide already: it is not widened again.
-    clock = Clock()
-    screen = measure_paired(
-        scripted(jittered(5000, 0.01, seed=7), clock),
-        scripted(jittered(1000, 0.04, seed=8), clock),
-        replace(policy, target_half_width=0.01).screening(),
-        clock,
-    )
+    screen = against_the_reference(5000, replace(policy, target_half_width=0.01).screening())
     assert screen.estimate.half_width <= 0.025
 
 
