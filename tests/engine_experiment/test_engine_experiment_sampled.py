@@ -14,6 +14,7 @@ Three levels:
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -335,23 +336,33 @@ def test_two_workloads_are_measured_at_their_own_shapes(model: LoadedModel) -> N
 
 
 def test_the_estimate_tracks_the_tiny_models_own_full_replay(model: LoadedModel, tmp_path: Path) -> None:
-    # CPU time of a tiny model on a shared machine: the bound is wider than the accelerator's.
+    # CPU time of a tiny model on a shared machine: the bound is wider than the accelerator's
+    # (5%, checked on recorded GPU timings above and on the device by bench/fidelity.py). The
+    # full replays and the sampled passes take turns, so a load that comes and goes falls on
+    # both. Measured on 2 cores: estimate / replay 0.95-1.09 on an idle machine, 1.01-1.21 with
+    # another process busy on one core; timed one after the other, a full CI run once read 0.78.
     workload = workload_from_profile(TINY_B, n=24)
     engine = Engine(model)
     loaded = engine.load_build(REFERENCE_BUILD, None)
     shape = (workload.concurrency, workload.max_tokens)
     reused = ReusedCache(loaded.hotpath, shape=shape)
     prompts = make_prompts(workload, model.config.vocab_size)
-    full = [replay(reused, workload, prompts, clock=time.process_time, cache_len=shape[1]) for _ in range(4)][
-        1:
-    ]
     sampler = SampledPass(
         reused, workload, plan(workload), shape, vocab_size=model.config.vocab_size, clock=time.process_time
     )
-    estimate = measure_one(sampler, MeasurePolicy(min_passes=9, max_passes=30, time_cap_s=3.0))
+
+    def full_replay() -> float:
+        sampler.release()  # the replay takes every slot; the sampler fills its state again, untimed
+        return throughput(replay(reused, workload, prompts, clock=time.process_time, cache_len=shape[1]))
+
+    full_replay(), sampler(), sampler()  # warm-up
+    full: list[float] = []
+    estimate: list[float] = []
+    for _ in range(5):
+        full.append(full_replay())
+        estimate += [throughput(sampler()) for _ in range(3)]
     engine.close()
-    truth = sorted(throughput(p) for p in full)[1]
-    assert estimate.estimate.value == pytest.approx(truth, rel=0.2)
+    assert statistics.median(estimate) == pytest.approx(statistics.median(full), rel=0.3)
 
 
 def test_the_state_is_filled_once_and_refilled_rarely() -> None:
