@@ -285,34 +285,14 @@ def fused_moe(
                 *args, **flags, BLOCK_N=block_n, BLOCK_K=block_k
             )
 
-    if t == 1:
+    in_row_order = t == 1
+    if in_row_order:
         experts, pair_weights = chosen.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-        out = torch.empty_like(x)
-        launch(
-            _gate_up_kernel,
-            _gate_up_tuned,
-            pairs,
-            width,
-            x,
-            a,
-            experts,
-            experts,
-            y,
-            h,
-            width,
-            k,
-            bucket,
-            SORTED=False,
-        )
-        launch(
-            _down_rows_kernel, _down_rows_tuned, t, h, y, b, experts, pair_weights, out, h, width, k, bucket
-        )
-        return out
-    flat_experts = chosen.reshape(-1)
-    order = flat_experts.argsort(stable=True)
-    rows, sorted_experts = order // k, flat_experts[order].contiguous()
-    pair_weights = weights.reshape(-1)[order].contiguous()
-    out_pairs = flat.new_empty(pairs, h)
+        rows = experts  # unread: a pair's row is pair // K
+    else:
+        order = chosen.reshape(-1).argsort(stable=True)
+        rows, experts = order // k, chosen.reshape(-1)[order].contiguous()
+        pair_weights = weights.reshape(-1)[order].contiguous()
     launch(
         _gate_up_kernel,
         _gate_up_tuned,
@@ -321,15 +301,20 @@ def fused_moe(
         x,
         a,
         rows,
-        sorted_experts,
+        experts,
         y,
         h,
         width,
         k,
         bucket,
-        SORTED=True,
+        SORTED=not in_row_order,
     )
-    launch(
-        _down_kernel, _down_tuned, pairs, h, y, b, sorted_experts, pair_weights, out_pairs, h, width, bucket
-    )
+    if in_row_order:
+        out = torch.empty_like(x)
+        launch(
+            _down_rows_kernel, _down_rows_tuned, t, h, y, b, experts, pair_weights, out, h, width, k, bucket
+        )
+        return out
+    out_pairs = flat.new_empty(pairs, h)
+    launch(_down_kernel, _down_tuned, pairs, h, y, b, experts, pair_weights, out_pairs, h, width, bucket)
     return torch.zeros_like(flat).index_add_(0, rows, out_pairs)
