@@ -137,6 +137,36 @@ def test_a_baseline_measured_alone_has_the_longer_timeout_and_a_paired_candidate
         assert alone.timings.totalS > 4
 
 
+def test_a_pairing_with_a_slow_baseline_measured_alone_may_also_take_that_measurements_time(
+    tmp_path: Path,
+) -> None:
+    # A baseline whose decode steps sleep 0.3 s: one pass of the CPU workload takes about 2 s of
+    # wall time (a CPU pass is timed by CPU time, so the sleep does not change its figures).
+    # Measured alone it has the baseline timeout; a fast candidate's screen beside it then runs
+    # two of its baseline's passes too, past the 2 s experiment timeout, and is not killed for them.
+    sleep = "        import time\n\n        time.sleep(0.3)\n        return original(*args)"
+    slow = wrapping_build(tmp_path / "slow", "slow-steps", "decode", sleep)
+    with Supervisor(
+        MODEL,
+        experiment_timeout=2,
+        baseline_timeout=60,
+        settings=BenchSettings(repeats=2, max_repeats=2, warmup=0, max_warmup=0),
+        verify_steps=4,
+        threads=1,
+    ) as supervisor:
+        # Not measured alone yet: the plain timeout.
+        cold = supervisor.run(REFERENCE_BUILD, against=slow, screen=True)
+        assert cold.status == "timeout" and "past the 2 s timeout;" in (cold.error or ""), cold
+        alone = supervisor.run(slow, description="baseline")
+        assert alone.status == "passed", alone.error
+        assert alone.timings.totalS > 2
+        started = time.perf_counter()
+        paired = supervisor.run(REFERENCE_BUILD, against=slow, screen=True)
+        assert paired.status == "passed", paired.error
+        assert time.perf_counter() - started > 2
+        assert paired.comparison is not None
+
+
 class _CtrlCAtSpawn(SpawnProcess):
     """A worker process whose start is preceded by a Ctrl-C to the parent's main thread (module
     level: spawn pickles the process object). Sent to the main thread, not the process: a

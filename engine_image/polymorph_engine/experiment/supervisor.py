@@ -157,6 +157,11 @@ class Supervisor:
             baseline) may take instead (None: ``experiment_timeout``). Campaigns pass
             ``polymorph.contract.runner.baseline_timeout``: a reference build many times slower
             than its candidates is measured once and must not time out the whole campaign.
+            A pairing with a build this supervisor measured alone may take
+            ``experiment_timeout`` plus the seconds that measurement took: the baseline's passes
+            are known, and only the candidate's share is held to the timeout (on an H200,
+            qwen3-30b-a3b's reference passes take about 14 s, and a screen's three pairs beside
+            it ran past a 30 s timeout whatever the candidate).
         start_timeout: seconds a worker start may take (None: no limit).
         settings: benchmark repeats, warm-up passes and prompt seed.
         verify_prompts, verify_steps: the size of the golden set (P prompts, K steps).
@@ -218,6 +223,8 @@ class Supervisor:
             rank_timeout=min(rank_timeout, self.experiment_timeout / 3),
         )
         self.stats = SupervisorStats()
+        self.alone_s: dict[str, float] = {}
+        """Wall seconds of the last passed experiment measured alone, by resolved build folder."""
         self._ctx = mp.get_context("spawn")
         self._process: SpawnProcess | None = None
         self._conn: Connection | None = None
@@ -315,9 +322,16 @@ class Supervisor:
         against_dir = None if against is None else str(Path(against).resolve())
         self.start()
         assert self._conn is not None
-        limit = self.experiment_timeout
-        if against is None and self.baseline_timeout is not None:
-            limit = max(limit, self.baseline_timeout)
+        limit, why = self.experiment_timeout, f"{self.experiment_timeout:g} s timeout"
+        if against is None and self.baseline_timeout is not None and self.baseline_timeout > limit:
+            limit, why = (
+                self.baseline_timeout,
+                f"{self.baseline_timeout:g} s timeout of a build measured alone",
+            )
+        elif against_dir in self.alone_s:
+            share = self.alone_s[against_dir]
+            limit += share
+            why += f" plus the {share:.1f} s its baseline took measured alone"
         started = time.perf_counter()
         try:
             self._conn.send(Run(str(build_dir), description, against_dir, screen))
@@ -328,6 +342,8 @@ class Supervisor:
         self.stats.experiment_seconds.append(elapsed)
         if isinstance(message, Recorded):
             record = ExperimentRecord.model_validate_json(message.record_json)
+            if against is None and record.status == "passed":
+                self.alone_s[str(build_dir)] = elapsed
             if record.status == "crashed":  # a tensor-parallel rank failed; the worker has exited
                 self.stats.crashes += 1
                 self._kill()
@@ -336,7 +352,7 @@ class Supervisor:
             self.stats.timeouts += 1
             status, error = (
                 "timeout",
-                f"the experiment ran past the {limit:g} s timeout; the worker was killed",
+                f"the experiment ran past the {why}; the worker was killed",
             )
         else:
             self.stats.crashes += 1

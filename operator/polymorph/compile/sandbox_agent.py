@@ -104,9 +104,10 @@ def run(args: argparse.Namespace) -> int:
     profile, workload_hash = workload_identity(spec)
     hardware = args.hardware or (spec.hardware.accelerator if spec.hardware is not None else "")
     timeout = parse_duration(spec.budget.experimentTimeout)
-    # The engine's supervisor enforces the experiment timeout (a baseline's is longer); this only
-    # bounds a request the engine never answers.
-    runner = RemoteRunner(args.engine_url, timeout=baseline_timeout(timeout) + 60)
+    # The engine's supervisor enforces the experiment timeout (a baseline's is longer, and a
+    # pairing with it may add the baseline's own seconds); this only bounds a request the engine
+    # never answers.
+    runner = RemoteRunner(args.engine_url, timeout=baseline_timeout(timeout) + timeout + 60)
     try:
         runner.wait_ready(timeout=args.ready_timeout)
     except TimeoutError as exc:

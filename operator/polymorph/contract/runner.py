@@ -38,7 +38,9 @@ BASELINE_TIMEOUTS = 4
 experiment timeouts. Nothing can be compared without it, and on an accelerator the reference
 build can be tens of times slower than a fused one: on qwen3-30b-a3b (H200, the default chat
 workload) its experts' loop reads about 11.5 tok/s, and filling its caches and measuring it took
-over a minute, against a 30 s timeout. Candidates stay held to the timeout itself."""
+over a minute, against a 30 s timeout. A candidate paired with it may take the timeout plus the
+seconds the baseline took measured alone (the engine's supervisor): only the
+candidate's own share is held to the timeout."""
 
 
 def baseline_timeout(experiment_timeout: float) -> float:
