@@ -121,7 +121,7 @@ def shape_tuned_build(folder: Path) -> Path:
 def _profile(path: Path, concurrency: int) -> Path:
     path.write_text(
         "inputTokens: {bounds: [16, 48], counts: [50, 50]}\n"
-        "outputTokens: {bounds: [16, 32], counts: [50, 50]}\n"
+        "outputTokens: {bounds: [8, 16], counts: [50, 50]}\n"
         f"concurrency: {concurrency}\n"
     )
     return path
