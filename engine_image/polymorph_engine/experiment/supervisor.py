@@ -223,7 +223,7 @@ class Supervisor:
             rank_timeout=min(rank_timeout, self.experiment_timeout / 3),
         )
         self.stats = SupervisorStats()
-        self.alone_s: dict[str, float] = {}
+        self._alone_s: dict[str, float] = {}
         """Wall seconds of the last passed experiment measured alone, by resolved build folder."""
         self._ctx = mp.get_context("spawn")
         self._process: SpawnProcess | None = None
@@ -328,8 +328,8 @@ class Supervisor:
                 self.baseline_timeout,
                 f"{self.baseline_timeout:g} s timeout of a build measured alone",
             )
-        elif against_dir in self.alone_s:
-            share = self.alone_s[against_dir]
+        elif against_dir in self._alone_s:
+            share = self._alone_s[against_dir]
             limit += share
             why += f" plus the {share:.1f} s its baseline took measured alone"
         started = time.perf_counter()
@@ -343,7 +343,7 @@ class Supervisor:
         if isinstance(message, Recorded):
             record = ExperimentRecord.model_validate_json(message.record_json)
             if against is None and record.status == "passed":
-                self.alone_s[str(build_dir)] = elapsed
+                self._alone_s[str(build_dir)] = elapsed
             if record.status == "crashed":  # a tensor-parallel rank failed; the worker has exited
                 self.stats.crashes += 1
                 self._kill()
