@@ -149,18 +149,21 @@ sys.path.insert(0, sys.argv[1])
 from test_fast_knobs import FUSED, _assert_agrees, run_scenario
 from polymorph_engine.runtime.checkpoint import load_model
 
-model = load_model("tiny", seed=5)
+model = load_model(sys.argv[2], seed=5)
 knobs = {**FUSED, "kernels": "compile", "capture_buckets": "max"}
+if model.config.num_experts:  # stacked experts under torch.compile (grouped: gather outside bfloat16)
+    knobs |= {"moe_experts": "grouped", "moe_routing": "fused"}
 _assert_agrees(run_scenario(model, knobs, seed=3), run_scenario(model, {}, seed=3))
 print("compiled layers agree")
 """
 
 
 @pytest.mark.slow
-def test_compiled_layers_agree_with_the_defaults() -> None:
+@pytest.mark.parametrize("shape", ["tiny", "qwen3-moe-tiny"])
+def test_compiled_layers_agree_with_the_defaults(shape: str) -> None:
     # A child process: dynamo and inductor keep process-wide caches that would outlive the test.
     result = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK, str(Path(__file__).parent)],
+        [sys.executable, "-c", _COMPILE_CHECK, str(Path(__file__).parent), shape],
         capture_output=True,
         text=True,
         timeout=900,

@@ -3,9 +3,9 @@
 ``eager_reference_build`` is the reference build less its torch.compile values: a campaign on a
 CPU then proposes no candidate that inductor compiles (g++, many CPU-seconds each, more on a cold
 compile cache). For the tests of what a campaign does around its experiments (the report, resume,
-signals, corrupt documents), which hold whichever candidates the search proposes; compiled
-candidates run end to end in the tests that are about them (``tests/compile/test_compile_moe.py``,
-``tests/engine_builds``, ``tests/engine_runtime``).
+signals, corrupt documents, a campaign on a MoE model), which hold whichever candidates the search
+proposes; compiled candidates run end to end in the tests that are about them
+(``tests/engine_builds``, ``tests/engine_runtime``).
 """
 
 from __future__ import annotations
