@@ -160,7 +160,8 @@ moe)
         # The sweep varies the MoE knobs on the fused Triton step ($F); the loop (every expert
         # over every row in a captured step) is left out. SWEEP_ONLY=1 stops after it, and
         # SWEEP_FROM=RESULT.json runs the campaign from a recorded one (two calls of 10 minutes).
-        SWEEP=(--sweep-base "$F" --knobs moe_experts,moe_routing,gemv --skip moe_experts=loop
+        # MOE_SWEEP_KNOBS narrows the sweep (e.g. moe_experts,gemv: the fused routing stays).
+        SWEEP=(--sweep-base "$F" --knobs "${MOE_SWEEP_KNOBS:-moe_experts,moe_routing,gemv}" --skip moe_experts=loop
             --anchor "$F,moe_experts=triton" --sweep-timeout 90)
         if [ -n "${SWEEP_FROM:-}" ]; then SWEEP=(--sweep-from "$SWEEP_FROM"); fi
         if [ -n "${SWEEP_ONLY:-}" ]; then SWEEP+=(--sweep-only); fi

@@ -120,6 +120,18 @@ def test_paired_measurement_adds_pairs_until_the_ratio_is_precise() -> None:
     assert m.estimate.half_width <= 0.04 and len(m.candidate) > 5
 
 
+def test_a_paired_measurement_takes_two_pairs_even_where_the_policy_allows_one() -> None:
+    clock = Clock()
+    policy = MeasurePolicy(min_passes=1, max_passes=1, min_warmup=0, max_warmup=0)
+    m = measure_paired(
+        scripted(jittered(1100, 0.02), clock), scripted(jittered(1000, 0.02, 1), clock), policy, clock
+    )
+    assert len(m.candidate) == len(m.baseline) == 2
+    assert 0 < m.estimate.lo < m.estimate.hi < float("inf")
+    # Measured alone, one pass is what such a policy asks for.
+    assert len(measure_one(scripted(steady(1000.0), clock), policy, clock).passes) == 1
+
+
 def test_a_surely_slower_candidate_stops_after_min_losing_passes() -> None:
     clock = Clock()
     cand = scripted(jittered(600, 0.01, seed=3), clock)

@@ -223,6 +223,11 @@ def measure_one(
     return Measurement(passes, warmup, estimate, clock() - started, measuring - started)
 
 
+MIN_PAIRS = 2
+"""A paired measurement takes at least this many pairs, whatever the policy allows: one pair's
+interval is unbounded, so it is no verdict (and its bounds are not finite numbers to record)."""
+
+
 def measure_paired(
     run_candidate: Pass,
     run_baseline: Pass,
@@ -253,7 +258,7 @@ def measure_paired(
             [max(throughput(p), 1e-9) for p in base],
             policy.confidence,
         )
-        if _enough(len(cand), estimate, policy, clock() - measuring, paired=True):
+        if len(cand) >= MIN_PAIRS and _enough(len(cand), estimate, policy, clock() - measuring, paired=True):
             break
     return PairedMeasurement(
         cand, base, candidate_warmup, baseline_warmup, estimate, clock() - started, measuring - started

@@ -26,7 +26,8 @@ class BenchSettings:
     reaches ``target_half_width`` (None: 2% on an accelerator, 4% on a CPU), at most
     ``max_repeats`` passes (pairs) and no new one after ``time_cap_s`` seconds of measuring
     (None: 2 s on a CPU, 10 s on an accelerator).
-    ``max_repeats == repeats`` gives a fixed number of passes.
+    ``max_repeats == repeats`` gives a fixed number of passes (two pairs at least when paired:
+    ``measure.MIN_PAIRS``).
 
     ``clock``: what times a pass. ``auto`` is the worker process's CPU time on a CPU device and
     wall time (every step ends with a device sync) on an accelerator. On a shared CPU, wall time
