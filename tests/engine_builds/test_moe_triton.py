@@ -73,6 +73,29 @@ def test_fused_moe_matches_a_plain_loop(rows: int) -> None:
 
 
 @needs_triton
+def test_a_prompt_runs_grouped_and_decode_runs_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    hotpath, _, _ = load_hotpath(
+        load_model("qwen3-moe-tiny", seed=1), REFERENCE_BUILD, {"moe_experts": "triton"}
+    )
+    block = next(lw.moe for lw in hotpath.layers if lw.moe is not None)
+    assert block.mode == "triton" and block.prompts_grouped  # torch._grouped_mm runs on this CPU
+    kernels, grouped = block.kernels, block._grouped
+    calls: list[str] = []
+    monkeypatch.setattr(block, "_grouped", lambda *a: calls.append("grouped") or grouped(*a))
+    fused_moe = kernels.fused_moe
+    monkeypatch.setattr(kernels, "fused_moe", lambda *a, **k: calls.append("kernels") or fused_moe(*a, **k))
+    g = torch.Generator().manual_seed(4)
+    decode_rows, prompt_rows = kernels.TUNED_MAX_PAIRS // block.k, kernels.TUNED_MAX_PAIRS // block.k + 1
+    for rows, path in ((decode_rows, "kernels"), (prompt_rows, "grouped")):
+        flat = torch.randn(rows, block.router.shape[1], generator=g)
+        weights, chosen = block.route(flat)
+        got = block._triton(flat, weights, chosen)
+        assert calls[-1] == path, (rows, calls)
+        torch.testing.assert_close(got, block._loop(flat, weights, chosen), atol=1e-5, rtol=1e-5)
+    hotpath.close()
+
+
+@needs_triton
 @pytest.mark.parametrize("renormalise", [True, False])
 def test_the_routing_kernel_matches_the_reference_routing(renormalise: bool) -> None:
     hotpath, _, _ = load_hotpath(

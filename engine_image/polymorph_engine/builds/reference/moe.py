@@ -8,7 +8,13 @@ with the degradations build.toml names. ``loop`` reads the selected set on the h
 cannot sync (captured into a CUDA graph, or traced by torch.compile) runs every expert over
 every row weighted by its routing weight, zero where not selected: the same function with
 static shapes. ``gather`` runs ``GATHER_ROWS`` rows at a time, bounding the gathered copy in a
-prompt; ``grouped`` probes ``torch._grouped_mm`` at load.
+prompt; ``grouped`` probes ``torch._grouped_mm`` at load. ``triton`` runs its kernels on decode
+shapes (at most ``moe_kernels.TUNED_MAX_PAIRS`` pairs) and ``grouped`` on prompts, where
+``_grouped_mm`` runs: the kernels compute a pair per program, GEMV-shaped, and a prompt of
+thousands of rows wants a tiled GEMM per expert (vLLM's fused_moe pads each expert's pairs to
+blocks of rows for the same reason). On an H100, qwen3-30b-a3b's sample workload ran 6-9% faster
+grouped than with the kernels on its prompts too (paired), though the kernels decode 1.33x faster
+at batch 8 (``bench/results/search-quality-qwen3-30b-a3b-h100-2026-12-06.json``).
 
 The stacks are the loader's packed expert tensors (``expert_stacks``): no copy of the experts.
 Nothing here knows about caches, attention or scheduling.
@@ -74,10 +80,12 @@ class Moe:
             experts = "gather"  # documented degradation: torch._grouped_mm cannot run this
         self.mode = experts
         self.kernels = None
+        self.prompts_grouped = False
         if experts == "triton":
             from . import moe_kernels  # optional extra: triton only when this knob value is chosen
 
             self.kernels = moe_kernels
+            self.prompts_grouped = grouped_mm_usable(self.w13, self.w2)
         self._impl = {
             "loop": self._loop,
             "gather": self._gather,
@@ -153,6 +161,8 @@ class Moe:
 
     def _triton(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         assert self.w13 is not None and self.w2 is not None and self.kernels is not None
+        if self.prompts_grouped and flat.shape[0] * self.k > self.kernels.TUNED_MAX_PAIRS:
+            return self._grouped(flat, weights, chosen)  # a prompt: one tiled GEMM per expert
         return self.kernels.fused_moe(flat, self.w13, self.w2, weights, chosen)
 
     def close(self) -> None:
