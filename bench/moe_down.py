@@ -22,16 +22,12 @@ import platform
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-
-import torch
-import triton
-
-from polymorph_engine.builds.reference import moe_kernels as mk
+from typing import Any
 
 EXPERTS, HIDDEN, WIDTH, TOP_K = 128, 2048, 768, 8  # qwen3-30b-a3b
 
 
-def _graphed_us(fn: object, layers: int, replays: int = 50) -> float:
+def _graphed_us(torch: Any, fn: object, layers: int, replays: int = 50) -> float:
     """Microseconds per call of ``fn``, replayed in a CUDA graph of ``layers`` calls (each on the
     next layer's stacks, so the reads miss L2, as in a step), launch overhead excluded."""
     assert callable(fn)
@@ -58,6 +54,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--layers", type=int, default=8, help="expert stacks cycled through (L2-cold reads)")
     args = parser.parse_args()
+    if args.layers < 1:
+        raise SystemExit(f"--layers must be a positive integer; got {args.layers}")
+    import torch  # after the flags: a bad one is answered before torch loads
+    import triton
+
+    from polymorph_engine.builds.reference import moe_kernels as mk
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/moe_down.py needs a CUDA device (it times Triton kernels on one).")
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     w13 = [torch.randn(EXPERTS, 2 * WIDTH, HIDDEN, device=dev, dtype=dt) * 0.02 for _ in range(args.layers)]
@@ -105,7 +110,7 @@ def main() -> None:
         ("down_rows", down_rows, gbytes["down"]),
         ("down_pairs_summed", down_pairs, gbytes["down"]),
     ):
-        us = _graphed_us(fn, args.layers)
+        us = _graphed_us(torch, fn, args.layers)
         rows[name] = {"us": round(us, 2), "gbPerS": round(size / (us / 1e6), 1)}
         print(f"{name:20s} {us:7.2f} us  {size / (us / 1e6):7.1f} GB/s", file=sys.stderr)
     result = {

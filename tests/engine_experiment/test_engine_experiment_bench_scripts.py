@@ -40,6 +40,7 @@ BAD_FLAGS = [
     ("search_quality.py", ["--sweep-timeout", "-1"], "--sweep-timeout must be a positive number of seconds"),
     ("search_quality.py", ["--model", "nope"], "model source 'nope' is neither a shape"),
     ("tile_tuning.py", [], "bench/tile_tuning.py needs a CUDA device"),
+    ("moe_down.py", ["--layers", "0"], "--layers must be a positive integer; got 0"),
     ("decode.py", ["--device", "cpu", "--models", "nope"], "--models must name shapes from"),
     ("decode.py", ["--device", "cpu", "--batches", "1,0"], "--batches must be comma-separated positive"),
     ("decode.py", ["--device", "cpu", "--knobs", "kv_cache=nope"], "knob 'kv_cache' of build 'reference'"),
