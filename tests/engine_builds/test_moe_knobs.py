@@ -66,8 +66,8 @@ def _moe_module(hotpath: Any) -> Any:
 def test_the_loop_without_host_syncs_agrees(
     moe_model: LoadedModel, golden: list[tuple[list[int], torch.Tensor]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # What a captured or compiled step runs (the selected experts by static shapes, as grouped
-    # computes them): forced here, since CPU never captures.
+    # What a captured or compiled step runs (every expert over every row, zero weight where not
+    # chosen): forced here, since CPU never captures.
     hotpath, _, _ = load_hotpath(moe_model, REFERENCE_BUILD, {})
     moe = _moe_module(hotpath)
     calls = []

@@ -78,7 +78,7 @@ def test_a_prompt_runs_grouped_and_decode_runs_the_kernels(monkeypatch: pytest.M
         load_model("qwen3-moe-tiny", seed=1), REFERENCE_BUILD, {"moe_experts": "triton"}
     )
     block = next(lw.moe for lw in hotpath.layers if lw.moe is not None)
-    assert block.mode == "triton" and block.grouped_ok  # torch._grouped_mm runs on this CPU
+    assert block.mode == "triton" and block.prompts_grouped  # torch._grouped_mm runs on this CPU
     kernels, grouped = block.kernels, block._grouped
     calls: list[str] = []
     monkeypatch.setattr(block, "_grouped", lambda *a: calls.append("grouped") or grouped(*a))

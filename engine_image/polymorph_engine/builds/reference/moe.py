@@ -5,10 +5,9 @@ the selected experts' SwiGLU, weighted and summed.
 ``moe(h)``: h [..., H] -> [..., H]. The ``moe_routing`` and ``moe_experts`` knobs (build.toml
 says what each value computes) pick its routing and its experts' implementation once, at load,
 with the degradations build.toml names. ``loop`` reads the selected set on the host; a step that
-cannot sync (captured into a CUDA graph, or traced by torch.compile) computes the same function
-with static shapes, as ``grouped`` (``gather`` where ``_grouped_mm`` cannot run), never every
-expert over every row: qwen3-30b-a3b's step would read all 128 experts' weights, sixteen times
-what its top 8 need, in a graph of every expert's kernels. ``gather`` runs ``GATHER_ROWS`` rows at a time, bounding the gathered copy in a
+cannot sync (captured into a CUDA graph, or traced by torch.compile) runs every expert over
+every row weighted by its routing weight, zero where not selected: the same function with
+static shapes. ``gather`` runs ``GATHER_ROWS`` rows at a time, bounding the gathered copy in a
 prompt; ``grouped`` probes ``torch._grouped_mm`` at load. ``triton`` runs its kernels on decode
 shapes (at most ``moe_kernels.TUNED_MAX_PAIRS`` pairs) and ``grouped`` on prompts, where
 ``_grouped_mm`` runs: the kernels compute a pair per program, GEMV-shaped, and a prompt of
@@ -71,20 +70,22 @@ class Moe:
             (weights[g], weights[u], weights[d])
             for g, u, d in zip(names.gate, names.up, names.down, strict=True)
         ]
-        # [E, 2I, H] and [E, H, I]: views of the loader's packed stacks (every mode but the host
-        # loop reads them, and the loop does where it cannot sync).
-        self.w13, self.w2 = expert_stacks(config, weights, layer)
-        self.grouped_ok = grouped_mm_usable(self.w13, self.w2)
+        self.w13: torch.Tensor | None = None  # [E, 2I, H]
+        self.w2: torch.Tensor | None = None  # [E, H, I]
+        if experts != "loop":
+            self.w13, self.w2 = expert_stacks(config, weights, layer)
         if experts == "triton" and not triton_ok:
             experts = "grouped"  # documented degradation: no triton here
-        if experts == "grouped" and not self.grouped_ok:
+        if experts == "grouped" and not grouped_mm_usable(self.w13, self.w2):
             experts = "gather"  # documented degradation: torch._grouped_mm cannot run this
         self.mode = experts
         self.kernels = None
+        self.prompts_grouped = False
         if experts == "triton":
             from . import moe_kernels  # optional extra: triton only when this knob value is chosen
 
             self.kernels = moe_kernels
+            self.prompts_grouped = grouped_mm_usable(self.w13, self.w2)
         self._impl = {
             "loop": self._loop,
             "gather": self._gather,
@@ -116,16 +117,20 @@ class Moe:
 
     # --- experts ---
 
+    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        return model.expert(x, *self.experts[e])
+
     def _loop(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        if _syncless():  # no host read: the selected experts by static shapes
-            return (
-                self._grouped(flat, weights, chosen)
-                if self.grouped_ok
-                else self._gather(flat, weights, chosen)
-            )
+        if _syncless():
+            out = torch.zeros_like(flat)
+            for e in range(self.e):  # static shapes: every expert, zero weight where not chosen
+                w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)  # [T, 1]
+                out += self._expert(flat, e) * w
+            return out
         return model.experts_loop(flat, weights, chosen, self.experts)
 
     def _gather(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        assert self.w13 is not None and self.w2 is not None
         parts = []
         for start in range(0, flat.shape[0], GATHER_ROWS):
             x, c = flat[start : start + GATHER_ROWS], chosen[start : start + GATHER_ROWS]
@@ -146,6 +151,7 @@ class Moe:
         return order // self.k, weights.reshape(-1)[order], sorted_experts, ends.to(torch.int32)
 
     def _grouped(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        assert self.w13 is not None and self.w2 is not None
         if flat.dtype != torch.bfloat16 and torch.compiler.is_compiling():
             return self._gather(flat, weights, chosen)  # torch.compile's _grouped_mm takes bfloat16 only
         rows, w, _, offs = self._sorted_pairs(flat, weights, chosen)
@@ -154,14 +160,14 @@ class Moe:
         return torch.zeros_like(flat).index_add_(0, rows, y * w[:, None])
 
     def _triton(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        assert self.kernels is not None
-        if self.grouped_ok and flat.shape[0] * self.k > self.kernels.TUNED_MAX_PAIRS:
+        assert self.w13 is not None and self.w2 is not None and self.kernels is not None
+        if self.prompts_grouped and flat.shape[0] * self.k > self.kernels.TUNED_MAX_PAIRS:
             return self._grouped(flat, weights, chosen)  # a prompt: one tiled GEMM per expert
         return self.kernels.fused_moe(flat, self.w13, self.w2, weights, chosen)
 
     def close(self) -> None:
         self.experts = []
-        self.w13 = self.w2 = torch.empty(0)  # the views go with the build
+        self.w13 = self.w2 = None
 
 
 def grouped_mm_usable(w13: torch.Tensor, w2: torch.Tensor) -> bool:
