@@ -14,7 +14,7 @@ shapes (at most ``moe_kernels.TUNED_MAX_PAIRS`` pairs) and ``grouped`` on prompt
 thousands of rows wants a tiled GEMM per expert (vLLM's fused_moe pads each expert's pairs to
 blocks of rows for the same reason). On an H100, qwen3-30b-a3b's sample workload ran 6-9% faster
 grouped than with the kernels on its prompts too (paired), though the kernels decode 1.33x faster
-at batch 8 (``bench/results/search-quality-qwen3-30b-a3b-h100-2026-12-06.json``).
+at batch 8 (``bench/results/search-quality-qwen3-30b-a3b-h100-2026-12-06-sweep.json``).
 
 The stacks are the loader's packed expert tensors (``expert_stacks``): no copy of the experts.
 Nothing here knows about caches, attention or scheduling.
