@@ -8,7 +8,8 @@ pair kernel has K times as many, each reading one. The batch-1 profile of qwen3-
 H100 put the row kernel at about 56% of copy bandwidth, and gate/up (one program per pair and
 block) at about 92% (``bench/results/decode-qwen3-30b-a3b-h100-2026-12-06.json``). This times
 both on qwen3-30b-a3b's expert shapes (tiles tuned as the build tunes them, each kernel
-replayed in a CUDA graph over several layers' stacks so its reads miss L2, as in a captured step), with gate/up beside them, and checks that both give the same output.
+replayed in a CUDA graph over several layers' stacks so its reads miss L2, as in a captured
+step), with gate/up beside them, and checks that both give the same output.
 
 Run on the GPU from the source tree: ``PYTHONPATH=operator:engine_image python bench/moe_down.py
 --out bench/results/moe-down-<device>-<date>.json``.

@@ -8,11 +8,11 @@ expert's weight tile by tile: at decode a GEMV over the selected experts, one la
 them; sorting the pairs by expert keeps the programs that share an expert adjacent, so a weight
 tile several rows chose is read from L2. (vLLM's fused_moe also pads each expert's pairs to a
 block of rows and runs them as one tiled GEMM, which wins on prompts; this kernel is the
-decode-shaped half of that, and ``moe.Moe`` runs prompts as ``grouped`` where it can.) One row (batch-1 decode) has K distinct experts and nothing to
-share: its pairs stay in row order and ``_down_rows_kernel`` sums them per row, so the step has
-two launches for its experts and none for sorting or combining (on an H200 the routing, the sort,
-the gathers and the ``index_add_`` took about 1.5 ms of batch-1 qwen3-30b-a3b's 5.9 ms step, as
-small kernels).
+decode-shaped half of that, and ``moe.Moe`` runs prompts as ``grouped`` where it can.) One row
+(batch-1 decode) has K distinct experts and nothing to share: its pairs stay in row order and
+``_down_rows_kernel`` sums them per row, so the step has two launches for its experts and none
+for sorting or combining (on an H200 the routing, the sort, the gathers and the ``index_add_``
+took about 1.5 ms of batch-1 qwen3-30b-a3b's 5.9 ms step, as small kernels).
 ``route`` (``moe_routing = "fused"``): the top k of the router's logits and their weights in one
 launch.
 
