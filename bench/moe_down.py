@@ -23,14 +23,15 @@ import platform
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 EXPERTS, HIDDEN, WIDTH, TOP_K = 128, 2048, 768, 8  # qwen3-30b-a3b
 
 
-def _graphed_us(torch: Any, fn: object, layers: int, replays: int = 50) -> float:
+def _graphed_us(fn: object, layers: int, replays: int = 50) -> float:
     """Microseconds per call of ``fn``, replayed in a CUDA graph of ``layers`` calls (each on the
     next layer's stacks, so the reads miss L2, as in a step), launch overhead excluded."""
+    import torch
+
     assert callable(fn)
     for _ in range(layers):
         fn()  # tunes the tile (outside the capture)
@@ -111,7 +112,7 @@ def main() -> None:
         ("down_rows", down_rows, gbytes["down"]),
         ("down_pairs_summed", down_pairs, gbytes["down"]),
     ):
-        us = _graphed_us(torch, fn, args.layers)
+        us = _graphed_us(fn, args.layers)
         rows[name] = {"us": round(us, 2), "gbPerS": round(size / (us / 1e6), 1)}
         print(f"{name:20s} {us:7.2f} us  {size / (us / 1e6):7.1f} GB/s", file=sys.stderr)
     result = {
