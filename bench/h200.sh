@@ -27,8 +27,8 @@
 #    lengths, and composes each one's tok/s on the shape from those timings. The sweep screens
 #    each point and measures its contenders again by the full protocol (--sweep-screen). PEERS=0
 #    skips the decode step (the peers of an earlier run on the shape stand).
-# 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): four MoE builds (the stacked experts
-#    gathered, grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
+# 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): three MoE builds (the stacked experts
+#    grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
 #    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline,
 #    each row with its top kernels (--profile-batches); then bench/search_quality.py: a sweep of
 #    the MoE knobs on the fused Triton step and a campaign from the reference on polymorph
@@ -152,7 +152,7 @@ moe)
         python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches 1,8,32 \
             --compiled-batches 1,8,32 --hf-batches 1,8,32 --engines polymorph,compiled-peer,hf-compiled \
             --steps 128 --verify --profile-batches 1,8,32 --budget-s "${DECODE_BUDGET_S:-300}" --json \
-            --knobs "$F,moe_experts=gather;$F,moe_experts=grouped;$F,moe_experts=triton;$F,moe_experts=triton,gemv=triton" \
+            --knobs "$F,moe_experts=grouped;$F,moe_experts=triton;$F,moe_experts=triton,gemv=triton" \
             --out "$OUT/decode-$MODEL-$DATE.json" >/dev/null || echo "moe: decode exited $?"
     fi
     if [ "$PART" != decode ]; then

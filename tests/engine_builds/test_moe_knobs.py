@@ -30,7 +30,7 @@ def _moe_variants() -> list[dict[str, Any]]:
         out += [{name: value} for value in knob.choices if value != knob.default]
     for experts in spec.knobs["moe_experts"].choices:
         out.append({**FUSED, "moe_experts": experts, "moe_routing": "fused"})
-    out.append({**STATIC, "moe_experts": "gather", "prefill": "bucketed"})
+    out.append({**STATIC, "moe_experts": "grouped", "prefill": "bucketed"})
     out.append({**FUSED, "moe_experts": "grouped", "prefill": "bucketed", "capture_buckets": "max"})
     return out
 
@@ -99,7 +99,7 @@ def test_routing_plain_and_fused_pick_the_same_experts_and_weights(moe_model: Lo
 
 
 def test_stacked_experts_are_the_models_own_tensors(moe_model: LoadedModel) -> None:
-    # gather and grouped read the loader's packed stacks: no second copy of the experts.
+    # grouped and triton read the loader's packed stacks: no second copy of the experts.
     hotpath, _, _ = load_hotpath(moe_model, REFERENCE_BUILD, {"moe_experts": "grouped"})
     blocks = [lw.moe for lw in hotpath.layers if lw.moe is not None]
     assert blocks and all(b.mode == "grouped" for b in blocks)  # torch._grouped_mm runs on this CPU
@@ -114,7 +114,14 @@ def test_grouped_degrades_to_gather_where_grouped_mm_cannot_run(
     monkeypatch.delattr(torch, "_grouped_mm")
     hotpath, _, knobs = load_hotpath(moe_model, REFERENCE_BUILD, {"moe_experts": "grouped"})
     assert knobs["moe_experts"] == "grouped"
-    assert {lw.moe.mode for lw in hotpath.layers if lw.moe is not None} == {"gather"}
+    blocks = [lw.moe for lw in hotpath.layers if lw.moe is not None]
+    assert {b.mode for b in blocks} == {"gather"}
+    flat = torch.randn(37, moe_model.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    for rows in (1, 37):  # a decode row, and more rows than one einsum gathers for
+        weights, chosen = blocks[0].route(flat[:rows])
+        torch.testing.assert_close(
+            blocks[0](flat[:rows]), blocks[0]._loop(flat[:rows], weights, chosen), atol=1e-5, rtol=1e-5
+        )
     hotpath.close()
 
 

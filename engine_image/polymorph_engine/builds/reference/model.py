@@ -164,11 +164,18 @@ def experts_loop(
     chosen: torch.Tensor,
     experts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
 ) -> torch.Tensor:
-    """Each selected expert in turn over the rows that chose it, weighted and summed: [T, H]."""
+    """Each selected expert in turn over the rows that chose it, weighted and summed: [T, H].
+
+    The (row, expert) pairs are sorted by expert (stable, so each expert's rows stay in order)
+    and the host reads how many each expert has: one sync per layer, not one per expert."""
     out = torch.zeros_like(flat)
-    for e in sorted(set(chosen.flatten().tolist())):  # the host reads the selected set
-        rows, k = (chosen == e).nonzero(as_tuple=True)
-        out.index_add_(0, rows, expert(flat[rows], *experts[e]) * weights[rows, k, None])
+    pairs = chosen.flatten()  # [T*K], row-major: pair i is row i // K
+    order = pairs.argsort(stable=True)
+    counts = torch.bincount(pairs, minlength=len(experts)).tolist()  # the host reads the selected set
+    rows, w = (order // chosen.shape[1]).split(counts), weights.flatten()[order].split(counts)
+    for e, n in enumerate(counts):
+        if n:
+            out.index_add_(0, rows[e], expert(flat[rows[e]], *experts[e]) * w[e][:, None])
     return out
 
 

@@ -7,12 +7,15 @@ says what each value computes) pick its routing and its experts' implementation 
 with the degradations build.toml names. ``loop`` reads the selected set on the host; a step that
 cannot sync (captured into a CUDA graph, or traced by torch.compile) runs every expert over
 every row weighted by its routing weight, zero where not selected: the same function with
-static shapes. ``gather`` runs ``GATHER_ROWS`` rows at a time, bounding the gathered copy in a
-prompt; ``grouped`` probes ``torch._grouped_mm`` at load. ``triton`` runs its kernels on decode
-shapes (at most ``moe_kernels.TUNED_MAX_PAIRS`` pairs) and ``grouped`` on prompts, where
-``_grouped_mm`` runs: the kernels compute a pair per program, GEMV-shaped, and a prompt of
-thousands of rows wants a tiled GEMM per expert (vLLM's fused_moe pads each expert's pairs to
-blocks of rows for the same reason). On an H100, qwen3-30b-a3b's sample workload ran 6-9% faster
+static shapes. ``grouped`` probes ``torch._grouped_mm`` at load, and where it cannot run
+gathers each row's experts out of the stacks (``_gather``, ``GATHER_ROWS`` rows at a time,
+bounding the gathered copy in a prompt). ``gather`` was a value of its own until the devices
+showed it never wins: 0.21x the Triton experts on qwen3-30b-a3b's sample workload on an H100
+(its prompts copy every row's experts), level with grouped at batch 1 and 0.47x it at batch 8.
+``triton`` runs its kernels on decode shapes (at most ``moe_kernels.TUNED_MAX_PAIRS`` pairs)
+and ``grouped`` on prompts, where ``_grouped_mm`` runs: the kernels compute a pair per program,
+GEMV-shaped, and a prompt of thousands of rows wants a tiled GEMM per expert (vLLM's fused_moe
+pads each expert's pairs to blocks of rows for the same reason). On an H100, qwen3-30b-a3b's sample workload ran 6-9% faster
 grouped than with the kernels on its prompts too (paired), though the kernels decode 1.33x faster
 at batch 8 (``bench/results/search-quality-qwen3-30b-a3b-h100-2026-12-06-sweep.json``).
 
@@ -33,7 +36,7 @@ from polymorph_engine.runtime.model import moe_names
 from . import model
 
 GATHER_ROWS = 16
-"""Rows ``gather`` handles per einsum: the gathered weights are GATHER_ROWS * K expert matrices."""
+"""Rows ``_gather`` handles per einsum: the gathered weights are GATHER_ROWS * K expert matrices."""
 
 
 def _syncless() -> bool:
@@ -88,7 +91,7 @@ class Moe:
             self.prompts_grouped = grouped_mm_usable(self.w13, self.w2)
         self._impl = {
             "loop": self._loop,
-            "gather": self._gather,
+            "gather": self._gather,  # grouped's degradation, not a knob value
             "grouped": self._grouped,
             "triton": self._triton,
         }[experts]
