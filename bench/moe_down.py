@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Batch-1 MoE down projection: one program per output block summing a row's K pairs
-(``_down_rows_kernel``, what ``fused_moe`` runs at one row) against one program per (pair, output
-block) and a sum over the K pairs (``_down_kernel``, then ``sum``).
+"""Batch-1 MoE down projection: one program per output block summing a row's K pairs (the row
+kernel, what ``fused_moe`` ran at one row until this measurement) against one program per
+(pair, output block) and a sum over the K pairs (``_down_kernel``, then ``sum``: what it runs
+now).
 
 At one row the row kernel has H / BLOCK_N programs, each reading K experts' tiles in turn; the
 pair kernel has K times as many, each reading one. The batch-1 profile of qwen3-30b-a3b on an
@@ -9,7 +10,8 @@ H100 put the row kernel at about 56% of copy bandwidth, and gate/up (one program
 block) at about 92% (``bench/results/decode-qwen3-30b-a3b-h100-2026-12-06.json``). This times
 both on qwen3-30b-a3b's expert shapes (tiles tuned as the build tunes them, each kernel
 replayed in a CUDA graph over several layers' stacks so its reads miss L2, as in a captured
-step), with gate/up beside them, and checks that both give the same output.
+step), with gate/up beside them, and checks that both give the same output. The row kernel is
+kept here, beside the measurement that retired it.
 
 Run on the GPU from the source tree: ``PYTHONPATH=operator:engine_image python bench/moe_down.py
 --out bench/results/moe-down-<device>-<date>.json``.
@@ -24,7 +26,49 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import triton
+import triton.language as tl
+
+from polymorph_engine.builds.reference import moe_kernels as mk
+from polymorph_engine.builds.reference.gemv_kernels import bench_tile, compiling_ahead, fitting_configs
+
 EXPERTS, HIDDEN, WIDTH, TOP_K = 128, 2048, 768, 8  # qwen3-30b-a3b
+_weighted_down = mk._weighted_down  # a jitted helper the row kernel calls (a global of this module)
+
+
+@triton.jit
+def _down_rows_kernel(
+    y_ptr,  # [T * K, I]: row r's pairs at r * K ... r * K + K - 1
+    w2_ptr,  # [E, H, I]
+    experts_ptr,  # [T * K] int64
+    weights_ptr,  # [T * K]: each pair's routing weight
+    out_ptr,  # [T, H]
+    H,
+    W,
+    K,
+    BUCKET,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One row's BLOCK_N outputs: the sum over its K pairs of weight * down(y), in float32."""
+    row = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dtype = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(0, K):
+        total += _weighted_down(
+            y_ptr, w2_ptr, experts_ptr, weights_ptr, row * K + j, n, H, W, BLOCK_N, BLOCK_K
+        )
+    tl.store(out_ptr + row * H + n, total.to(dtype), mask=n < H)
+
+
+_down_rows_tuned = triton.autotune(
+    configs=mk.moe_configs(),
+    key=["BUCKET", "H", "W", "K"],
+    prune_configs_by={"early_config_prune": compiling_ahead(_down_rows_kernel, fitting_configs("W"))},
+    do_bench=bench_tile,
+    cache_results=True,
+)(_down_rows_kernel)
 
 
 def _graphed_us(fn: object, layers: int, replays: int = 50) -> float:
@@ -58,10 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.layers < 1:
         raise SystemExit(f"--layers must be a positive integer; got {args.layers}")
-    import torch  # after the flags: a bad one is answered before torch loads
-    import triton
-
-    from polymorph_engine.builds.reference import moe_kernels as mk
+    import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("bench/moe_down.py needs a CUDA device (it times Triton kernels on one).")
@@ -91,7 +132,7 @@ def main() -> None:
     def down_rows() -> torch.Tensor:
         out = torch.empty(1, HIDDEN, device=dev, dtype=dt)
         grid = lambda meta: (1, triton.cdiv(HIDDEN, meta["BLOCK_N"]))  # noqa: E731
-        mk._down_rows_tuned[grid](y, w2[next_layer()], experts, weights, out, HIDDEN, WIDTH, TOP_K, bucket)
+        _down_rows_tuned[grid](y, w2[next_layer()], experts, weights, out, HIDDEN, WIDTH, TOP_K, bucket)
         return out
 
     def down_pairs() -> torch.Tensor:

@@ -26,8 +26,8 @@ from polymorph.compile.agents.search import (
     with_requirements,
 )
 from polymorph.compile.campaign import Campaign, CampaignSettings
-from polymorph.compile.judgement import BudgetExhausted, budget_share
-from polymorph.compile.ledger import CampaignPaths, config_uid
+from polymorph.compile.judgement import BudgetExhausted, Standings, budget_share, final_seconds
+from polymorph.compile.ledger import CampaignPaths, Ledger, config_uid
 from polymorph.compile.selection import score, select_result
 from polymorph.contract.api import Budget, ExperimentRecord, Figures, Gates, Objective, Verification
 from polymorph.contract.api.build import PairedComparison, Timings
@@ -615,3 +615,24 @@ def test_the_result_says_what_happened_when_nothing_could_be_compared(
 ) -> None:
     result = select_result({0: records}, "sha256:" + "b" * 64, Objective(), Gates())
     assert result.message.startswith(message), result.message
+
+
+def test_the_reserve_for_a_slow_baseline_is_its_own_run_not_four(tmp_path: Path) -> None:
+    # The final pairing and its confirmation each run the baseline's passes beside the leader's:
+    # with candidates as slow as the baseline, four baseline runs; beside candidates 20 times
+    # faster (an MoE reference), about two runs of each, not four of the baseline's.
+    def record(build: str, total: float, status: str = "passed") -> ExperimentRecord:
+        return ExperimentRecord(build=build, status=status, timings=Timings(totalS=total))
+
+    def reserve(candidates: list[ExperimentRecord], ledger: str) -> float:
+        standings = Standings(Ledger(open_store(str(tmp_path / "s")), ledger), "base", Objective())
+        standings.baseline = record("base", 30.0)
+        for r in candidates:
+            standings.ledger.append(r)
+        return final_seconds(standings)
+
+    assert reserve([], "none") == pytest.approx(120.0)
+    slow = [record("a", 30.0), record("b", 45.0)]
+    assert reserve(slow, "slow") == pytest.approx(120.0)  # a typical candidate, at most the baseline
+    fast = [record("a", 6.0), record("b", 8.0), record("c", 10.0), record("d", 30.0, "timeout")]
+    assert reserve(fast, "fast") == pytest.approx(2 * (30.0 + 8.0))  # a timeout is not typical

@@ -267,3 +267,18 @@ def test_a_combination_that_timed_out_defers_only_its_supersets(tmp_path: Path) 
     screened = [r for r in outcome.records if r.screen and r.status == "passed"]
     assert len(screened) >= 30, "the search stopped screening after a timeout"
     assert kept_ratio(space, outcome) >= 0.97
+
+
+def test_a_default_value_every_candidate_times_out_with_is_deferred(tmp_path: Path) -> None:
+    # An MoE reference's expert loop: the base build runs it under the baseline's longer
+    # timeout, but every candidate keeping it runs past the experiment timeout (its prompts go
+    # through the host loop). Only the default value they share says so: once the others of a
+    # timed-out configuration passed elsewhere, every configuration holding it waits.
+    space = synthetic(3)
+    for c in space.configs.values():
+        if c.config["order"] == "a" and c.config != space.defaults:
+            c.prepare_s = math.inf
+    outcome, _runner, _ = campaign(space, tmp_path, 7, deadline="2h", max_experiments=80)
+    timed_out = {r.build for r in outcome.records if r.status == "timeout"}
+    assert 1 <= len(timed_out) <= 2, f"{len(timed_out)} configurations timed out"
+    assert kept_ratio(space, outcome) >= 0.97

@@ -170,10 +170,28 @@ def budget_share(max_experiments: int, sandboxes: int, sandbox: int) -> int:
     return max_experiments // sandboxes + (1 if sandbox < max_experiments % sandboxes else 0)
 
 
-def final_seconds(baseline: ExperimentRecord | None) -> float:
-    """About what the final pairing with the baseline and its confirmation take: each pairs the
-    leader with the baseline by the full protocol, about twice the baseline's own run."""
-    return 4 * baseline.timings.totalS if baseline is not None else 0.0
+def typical_seconds(standings: Standings) -> float:
+    """A typical candidate experiment's seconds: the median of those that did not time out, at
+    most the baseline's (the baseline's own before any)."""
+    base = standings.baseline
+    if base is None:
+        return 0.0
+    totals = sorted(
+        r.timings.totalS
+        for r in standings.ledger.records
+        if r.build != standings.base_id and r.status != "timeout"
+    )
+    return min(totals[len(totals) // 2], base.timings.totalS) if totals else base.timings.totalS
+
+
+def final_seconds(standings: Standings) -> float:
+    """About what the final pairing with the baseline and its confirmation take. Each runs the
+    baseline's passes beside the leader's: about the baseline's own run plus a typical
+    candidate's (four baseline runs when candidates cost as much). A reference many times slower
+    than its candidates (qwen3-30b-a3b's MoE loop, 20x) costs its own run, not four: on an H100
+    the final pairing took 49 s and the confirmation about 45 s beside a 33 s baseline run."""
+    base = standings.baseline
+    return 2 * (base.timings.totalS + typical_seconds(standings)) if base is not None else 0.0
 
 
 def reserved_experiments(share: int) -> int:
@@ -187,16 +205,9 @@ def reserved_seconds(standings: Standings, deadline_s: float) -> float:
     """Seconds kept from the agent for the judgement, from what experiments have cost so far: the
     final pairing with the baseline and its confirmation (``final_seconds``), plus ``MAX_CONTENDERS``
     races (each about a typical experiment that did not time out). At most half the deadline."""
-    base = standings.baseline
-    if base is None:
+    if standings.baseline is None:
         return 0.0
-    totals = sorted(
-        r.timings.totalS
-        for r in standings.ledger.records
-        if r.build != standings.base_id and r.status != "timeout"
-    )
-    typical = min(totals[len(totals) // 2], base.timings.totalS) if totals else base.timings.totalS
-    return min(0.5 * deadline_s, final_seconds(base) + MAX_CONTENDERS * typical)
+    return min(0.5 * deadline_s, final_seconds(standings) + MAX_CONTENDERS * typical_seconds(standings))
 
 
 class SandboxBudget:
@@ -339,7 +350,7 @@ def _race(standings: Standings, budget: SandboxBudget, run: RunBuild) -> bool:
     for rival in graph.contenders(RACE_SLACK, MAX_CONTENDERS + 1)[1:]:
         if rival == standings.base_id or standings.raced(rival, lead):
             continue
-        if budget.experiments_left() <= 1 or budget.seconds_left() <= final_seconds(standings.baseline):
+        if budget.experiments_left() <= 1 or budget.seconds_left() <= final_seconds(standings):
             return False  # the final pairing's share stays untouched
         leader = standings.record_of(lead)
         record = run(rival, f"race: {short_id(rival)} vs the leader {short_id(lead)}", leader)

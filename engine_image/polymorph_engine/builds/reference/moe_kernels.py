@@ -10,9 +10,11 @@ tile several rows chose is read from L2. (vLLM's fused_moe also pads each expert
 block of rows and runs them as one tiled GEMM, which wins on prompts; this kernel is the
 decode-shaped half of that, and ``moe.Moe`` runs prompts as ``grouped`` where it can.) One row
 (batch-1 decode) has K distinct experts and nothing to share: its pairs stay in row order and
-``_down_rows_kernel`` sums them per row, so the step has two launches for its experts and none
-for sorting or combining (on an H200 the routing, the sort, the gathers and the ``index_add_``
-took about 1.5 ms of batch-1 qwen3-30b-a3b's 5.9 ms step, as small kernels).
+their K outputs are summed, so the step sorts and gathers nothing (on an H200 the routing, the
+sort, the gathers and the ``index_add_`` took about 1.5 ms of batch-1 qwen3-30b-a3b's 5.9 ms
+step, as small kernels). A kernel summing each row's pairs in its programs (one launch fewer)
+had a program per output block alone, too few to read at copy bandwidth: 15.9 us a layer on an
+H100 against 13.0 for the pair kernel and the sum (``bench/moe_down.py``).
 ``route`` (``moe_routing = "fused"``): the top k of the router's logits and their weights in one
 launch.
 
@@ -143,33 +145,6 @@ def _down_kernel(
 
 
 @triton.jit
-def _down_rows_kernel(
-    y_ptr,  # [T * K, I]: row r's pairs at r * K ... r * K + K - 1
-    w2_ptr,  # [E, H, I]
-    experts_ptr,  # [T * K] int64
-    weights_ptr,  # [T * K]: each pair's routing weight
-    out_ptr,  # [T, H]
-    H,
-    W,
-    K,
-    BUCKET,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """One row's BLOCK_N outputs: the sum over its K pairs of weight * down(y), in float32 (the
-    reference adds the rounded products one by one in the activation dtype)."""
-    row = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    dtype = out_ptr.dtype.element_ty
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(0, K):
-        total += _weighted_down(
-            y_ptr, w2_ptr, experts_ptr, weights_ptr, row * K + j, n, H, W, BLOCK_N, BLOCK_K
-        )
-    tl.store(out_ptr + row * H + n, total.to(dtype), mask=n < H)
-
-
-@triton.jit
 def _route_kernel(
     logits_ptr,  # [T, E] router logits (any float dtype)
     weights_ptr,  # [T, K] out: routing weights (activation dtype)
@@ -239,13 +214,6 @@ _down_tuned = triton.autotune(
     do_bench=bench_tile,
     cache_results=True,
 )(_down_kernel)
-_down_rows_tuned = triton.autotune(
-    configs=moe_configs(),
-    key=["BUCKET", "H", "W", "K"],
-    prune_configs_by={"early_config_prune": compiling_ahead(_down_rows_kernel, fitting_configs("W"))},
-    do_bench=bench_tile,
-    cache_results=True,
-)(_down_rows_kernel)
 
 
 def fused_moe(
@@ -260,9 +228,9 @@ def fused_moe(
     """flat [T, H], w13 [E, 2I, H], w2 [E, H, I], routing weights and chosen experts [T, K] ->
     [T, H]: sum over each row's K experts of weight * down(silu(gate(x)) * up(x)).
 
-    One row (batch-1 decode) chooses K distinct experts: its pairs stay in row order, and the
-    down kernel sums them per row (``_down_rows_kernel``): no sort, no combine. More rows sort
-    their pairs by expert, so the programs of rows that share an expert read its tiles from L2.
+    One row (batch-1 decode) chooses K distinct experts: its pairs stay in row order and their
+    outputs are summed: no sort, no gathers. More rows sort their pairs by expert, so the
+    programs of rows that share an expert read its tiles from L2, and combine by ``index_add_``.
     ``blocks``: a fixed (BLOCK_N, BLOCK_K) for both kernels instead (4 warps, untuned)."""
     t, h = flat.shape
     k = chosen.shape[1]
@@ -309,12 +277,8 @@ def fused_moe(
         bucket,
         SORTED=not in_row_order,
     )
-    if in_row_order:
-        out = torch.empty_like(x)
-        launch(
-            _down_rows_kernel, _down_rows_tuned, t, h, y, b, experts, pair_weights, out, h, width, k, bucket
-        )
-        return out
     out_pairs = flat.new_empty(pairs, h)
     launch(_down_kernel, _down_tuned, pairs, h, y, b, experts, pair_weights, out_pairs, h, width, bucket)
+    if in_row_order:
+        return out_pairs.sum(dim=0, keepdim=True)  # in float32, rounded once
     return torch.zeros_like(flat).index_add_(0, rows, out_pairs)

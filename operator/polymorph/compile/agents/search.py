@@ -43,7 +43,12 @@ Plan (the agent only screens; the campaign's judgement settles the result):
    cache has its artifacts. Until then, a configuration is deferred when it holds every value
    of a timed-out one that no passed configuration held, or, when each of those values passed
    in some configuration (the combination is what timed out), all of them: the timeout says
-   nothing about speed, and each such try would cost a whole timeout again.
+   nothing about speed, and each such try would cost a whole timeout again. Default values
+   count as values here, and the base build is not a passed configuration (it runs under the
+   baseline's longer timeout): on an MoE model every candidate keeping ``moe_experts = loop``
+   runs its prompts through the reference's host loop and times out, which only the default
+   value they share tells (qwen3-30b-a3b on an H100: two such timeouts cost a 5-minute
+   campaign 60 s).
 
 The model only proposes; every decision about the result is the campaign's paired rule. The
 agent never runs the same (configuration, paired-against) twice. Sandbox ``i`` of ``n`` owns
@@ -312,7 +317,7 @@ class SearchAgent:
         retry: list[Config] = []
 
         timed_out: list[frozenset[tuple[str, str]]] = []  # the values of each configuration that timed out
-        passed: set[tuple[str, str]] = set()  # values seen in a configuration that passed
+        passed: set[tuple[str, str]] = set()  # values seen in a screened configuration that passed
         slow = {
             (name, json.dumps(v))
             for name, knob in spec.knobs.items()
@@ -321,7 +326,8 @@ class SearchAgent:
         slow_after = SLOW_PREPARE_SHARE * parse_duration(campaign.settings.budget.experimentTimeout)
 
         def values(config: Config) -> frozenset[tuple[str, str]]:
-            return frozenset((k, json.dumps(v)) for k, v in config.items() if v != defaults[k])
+            """Every (knob, value) of ``config``, defaults included."""
+            return frozenset((k, json.dumps(v)) for k, v in config.items())
 
         def deferred(i: int) -> bool:
             """``mine[i]`` holds every value of a timed-out configuration that no passed one held
