@@ -1,6 +1,9 @@
 """How good is the search? An exhaustive sweep of a knob space, then a campaign, in one engine.
 
-1. One ``Supervisor`` worker loads the model once. The reference build runs alone (the baseline).
+1. One ``Supervisor`` worker loads the model once. The reference build runs alone (the baseline),
+   unless ``--sweep-from`` gives a recorded sweep, whose baseline stands: the campaign's own
+   baseline then runs on a cold worker, as under ``polymorph compile`` (a reference run first
+   warms it: qwen3-30b-a3b's reference took 49 s cold and 33 s after one run, on an H100).
 2. **Exhaustive sweep**: every combination of the ``--knobs`` (the others at their defaults, or
    at ``--sweep-base``'s values: a region of a large space, such as the MoE knobs on the fused
    step; each combination completed with what its knobs ``require``, duplicates dropped) is
@@ -276,11 +279,12 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit(f"--threads must be a positive integer; got {args.threads}")
 
 
-def _previous_sweep(path: Path) -> dict[str, Any]:
-    """The sweep of an earlier run on this device: its points are not measured again (only the
-    contenders, head to head)."""
+def _previous_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The sweep of an earlier run on this device, and that run's baseline: its points are not
+    measured again (only the contenders, head to head)."""
     try:
-        previous = json.loads(path.read_text())["exhaustive"]
+        doc = json.loads(path.read_text())
+        previous = doc["exhaustive"]
         points = previous.get("points") or [previous["best"]]
         if not all(isinstance(p, dict) and isinstance(p.get("config"), dict) for p in points):
             raise ValueError("a point has no configuration")
@@ -288,7 +292,9 @@ def _previous_sweep(path: Path) -> dict[str, Any]:
         raise SystemExit(
             f"--sweep-from {path}: not a search_quality result with an exhaustive sweep ({exc})"
         ) from None
-    return {"from": str(path), "knobs": previous.get("knobs"), "combinations": len(points), "points": points}
+    sweep = {"from": str(path), "knobs": previous.get("knobs"), "combinations": len(points), "points": points}
+    baseline = doc.get("baseline")
+    return sweep, baseline if isinstance(baseline, dict) else None
 
 
 def _sweep(
@@ -468,7 +474,9 @@ def main() -> int:
     _check(args)
     anchor_config = _configuration(args.anchor, "--anchor") if args.anchor else None
     sweep_base = _configuration(args.sweep_base, "--sweep-base") if args.sweep_base else None
-    previous = _previous_sweep(args.sweep_from) if args.sweep_from is not None else None
+    previous, previous_baseline = (
+        _previous_sweep(args.sweep_from) if args.sweep_from is not None else (None, None)
+    )
     if args.workload:
         try:
             workload, profile = read_workload(args.workload)
@@ -507,8 +515,11 @@ def main() -> int:
         meta = _meta(args)
         work = Path(tmp)
         start_s = supervisor.stats.load_seconds[0]
-        baseline = supervisor.run(REFERENCE_BUILD, description="baseline")
-        meta |= {"workerStartS": round(start_s, 2), "baseline": _point(baseline)}
+        meta |= {"workerStartS": round(start_s, 2)}
+        if previous_baseline is not None:  # the campaign's baseline runs cold, as under polymorph compile
+            meta |= {"baseline": previous_baseline, "baselineFrom": str(args.sweep_from)}
+        else:
+            meta |= {"baseline": _point(supervisor.run(REFERENCE_BUILD, description="baseline"))}
         if previous is not None:
             sweep_doc = previous
         else:
