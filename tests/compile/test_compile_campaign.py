@@ -98,11 +98,14 @@ class LandscapeRunner:
     """Figures from SPEED, paired with ``against``'s figures when asked; records every run as
     (knobs, the knobs it was paired against or None)."""
 
-    def __init__(self, reject: dict[str, Any] | None = None, jitter: float = 0.01) -> None:
+    def __init__(
+        self, reject: dict[str, Any] | None = None, jitter: float = 0.01, inert: tuple[str, ...] = ()
+    ) -> None:
         self.ran: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         self.screens: list[bool] = []
         self.reject = reject or {}
         self.jitter = jitter
+        self.inert = inert  # knobs every record names inert (a hot path's inert_knobs)
 
     def speed(self, knobs: dict[str, Any]) -> float:
         tps = 100.0
@@ -129,7 +132,13 @@ class LandscapeRunner:
         if against is not None and base_knobs is not None:
             comparison = paired(fig, self.figures_of(base_knobs, shift=1), build_id(against))
         return ExperimentRecord(
-            build="x", status="passed", verification=VER, figures=fig, comparison=comparison, knobs=knobs
+            build="x",
+            status="passed",
+            verification=VER,
+            figures=fig,
+            comparison=comparison,
+            knobs=knobs,
+            inertKnobs=list(self.inert),
         )
 
 
@@ -227,6 +236,19 @@ def test_screening_moves_to_a_fast_comparator_and_the_judgement_settles_the_lead
     assert any(r["knobs"] == best_knobs and r["comparison"]["against"] == base_id for r in full)
     assert out.result.best.pairs >= 5  # chosen by its full record, not a short screen
     assert (best_knobs, defaults) in runner.ran
+
+
+def test_a_knob_the_model_leaves_inert_stays_at_its_default(tmp_path: Path, base: Path) -> None:
+    # attn is the best knob here, but the baseline's record says it changes nothing for this
+    # model (as the MoE knobs on a dense model): the search never varies it.
+    runner = LandscapeRunner(inert=("attn",))
+    out = Campaign(settings(base), open_store(str(tmp_path / "s")), runner).run(SearchAgent())
+    assert {knobs["attn"] for knobs, _ in runner.ran} == {"naive"}
+    assert out.result.best is not None and out.result.best.knobs == {
+        "batch": 8,
+        "attn": "naive",
+        "cache": "concat",
+    }
 
 
 def test_the_judgement_reserve_is_kept_from_the_agent(tmp_path: Path, base: Path) -> None:
@@ -506,6 +528,7 @@ class InteractionRunner:
 
     def __init__(self) -> None:
         self.ran: list[dict[str, Any]] = []
+        self.inert: tuple[str, ...] = ()
 
     @staticmethod
     def speed(knobs: dict[str, Any]) -> float:
@@ -523,7 +546,13 @@ class InteractionRunner:
             base_fig = figures(self.speed(read_build(against).defaults()), shift=1)
             comparison = paired(fig, base_fig, build_id(against))
         return ExperimentRecord(
-            build="x", status="passed", verification=VER, figures=fig, comparison=comparison, knobs=knobs
+            build="x",
+            status="passed",
+            verification=VER,
+            figures=fig,
+            comparison=comparison,
+            knobs=knobs,
+            inertKnobs=list(self.inert),
         )
 
 

@@ -16,6 +16,7 @@ from polymorph_engine.experiment.run import (
     InProcessRunner,
     describe_error,
     fit_for_device,
+    inert_knobs,
     run_experiment,
 )
 from polymorph_engine.experiment.verify import default_prompts, golden
@@ -57,6 +58,7 @@ def test_a_good_build_passes_with_figures_and_timings(runner: InProcessRunner, t
         record.build == build_id(variant) and record.name == "static" and record.description == "static cache"
     )
     assert record.knobs["kv_cache"] == "static" and record.workloadHash == DEFAULT_WORKLOAD.digest()
+    assert record.inertKnobs == ["moe_experts", "moe_routing"]  # a dense model: the MoE knobs change nothing
     assert record.verification is not None and record.verification.passed
     assert record.figures is not None and len(record.figures.repeats) == SETTINGS.repeats
     t = record.timings
@@ -120,6 +122,18 @@ def test_run_experiment_applies_knob_overrides(model: LoadedModel, runner: InPro
         settings=SETTINGS,
     )
     assert record.status == "passed" and record.knobs["fused_qkv"] is True
+
+
+def test_inert_knobs_are_only_the_declared_knob_names_a_hot_path_gives() -> None:
+    class Named:
+        def __init__(self, inert: object) -> None:
+            self.inert_knobs = inert
+
+    knobs = {"kv_cache": "concat", "moe_experts": "loop"}
+    assert inert_knobs(Named(("moe_experts", "kv_cache")), knobs) == ["kv_cache", "moe_experts"]
+    assert inert_knobs(Named(["moe_experts", "not_a_knob", 3]), knobs) == ["moe_experts"]
+    assert inert_knobs(Named("moe_experts"), knobs) == []  # a string is not a list of names
+    assert inert_knobs(object(), knobs) == []
 
 
 def test_describe_error_is_one_bounded_line() -> None:

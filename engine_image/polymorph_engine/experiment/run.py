@@ -72,6 +72,7 @@ __all__ = [
     "InProcessRunner",
     "describe_error",
     "fit_for_device",
+    "inert_knobs",
     "measure_policy",
     "measured_shape",
     "record_paired",
@@ -200,6 +201,16 @@ def vocab_size_of(model: LoadedModel) -> int:
     return int(model.config.vocab_size)
 
 
+def inert_knobs(hotpath: object, knobs: dict[str, Any]) -> list[str]:
+    """The knobs ``hotpath`` says change nothing for its model (its optional ``inert_knobs``),
+    those of them the build declares, sorted. A build's code is untrusted: anything else in the
+    attribute is ignored, and naming a knob inert can only narrow a search, never fake a figure."""
+    named = getattr(hotpath, "inert_knobs", ())
+    if isinstance(named, str) or not isinstance(named, (list, tuple, set, frozenset)):
+        return []
+    return sorted({k for k in named if isinstance(k, str) and k in knobs})
+
+
 def describe_error(exc: BaseException, build_dir: Path | None = None) -> str:
     """One line: ``Type: message`` plus the innermost frame in ``build_dir`` (``at file.py:12 in fn``)."""
     message = " ".join(str(exc).split()) or "(no message)"
@@ -257,6 +268,7 @@ def run_experiment(
         loaded = engine.load_build(build_dir, knobs, keep_workspaces=keep)
         timings.loadS = loaded.load_s
         record.name, record.parent, record.knobs = loaded.name, loaded.parent, loaded.knobs
+        record.inertKnobs = inert_knobs(loaded.hotpath, loaded.knobs)
         if not description:
             record.description = loaded.spec.description
         device = engine.model.device

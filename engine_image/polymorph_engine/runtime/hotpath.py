@@ -5,6 +5,11 @@ The engine knows nothing about how a hot path computes; it only calls these meth
 Builds keep no module-level mutable state: everything lives on the HotPath object, so
 releasing it (``close()``) releases every derived tensor, graph and cache.
 
+A hot path may also name the knobs that change nothing for its model, whatever the other
+knobs' values, as ``inert_knobs`` (a sequence of knob names; the reference's MoE knobs on a
+dense model). The engine records them (``ExperimentRecord.inertKnobs``) and the search holds
+them at their defaults, so a dense model's kept build names no MoE setting it never ran.
+
 Shapes: S = prompt length, B = number of slots in one decode step, V = vocab size.
 """
 

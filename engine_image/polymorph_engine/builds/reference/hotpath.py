@@ -102,6 +102,8 @@ class ReferenceHotPath:
             refuse_parallel(knobs, capture, self.device)
         self._prefilled: weakref.WeakSet[StaticCache] = weakref.WeakSet()  # caches holding prefills
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        # build.toml: the MoE knobs change nothing on a dense model (it computes as their defaults).
+        self.inert_knobs = () if c.num_experts else ("moe_experts", "moe_routing")
         self.layers = L.prepare_layers(
             model.weights,
             c.num_hidden_layers,

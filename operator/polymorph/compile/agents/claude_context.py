@@ -171,6 +171,8 @@ def describe_record(record: ExperimentRecord, campaign: Campaign) -> str:
             )
         if not campaign.standings.eligible(record):
             lines.append("constraints: violated, so this build cannot win")
+    if record.inertKnobs:
+        lines.append(f"knobs that change nothing for this model: {', '.join(record.inertKnobs)}")
     t = record.timings
     lines.append(f"timings: load {t.loadS:.2f}s verify {t.verifyS:.2f}s bench {t.benchS:.2f}s")
     lines.append(f"experiments left: {campaign.budget.experiments_left()}")

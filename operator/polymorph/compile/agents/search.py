@@ -3,7 +3,9 @@
 The space is every combination of the knobs the base build declares, less those whose
 non-default values lack what they ``require`` (build.toml: a knob whose values change nothing
 without another knob's value, such as ``decode_capture`` without ``kv_cache = "static"``),
-which would only duplicate another configuration. Thirteen knobs make thousands of
+which would only duplicate another configuration, and less every value but the default of the
+knobs the baseline's record names inert for the model (``inertKnobs``: the MoE knobs on a
+dense model). Thirteen knobs make thousands of
 combinations, and knobs interact (a fused step's ``prefill`` pays only on the fused step), so
 neither trying them all nor moving one knob at a time finds the best under a deadline.
 
@@ -291,8 +293,11 @@ class SearchAgent:
     def run(self, campaign: Campaign) -> str:
         spec = read_build(campaign.settings.base_dir)
         self._base_name, self._base_id = spec.name, build_id(campaign.settings.base_dir)
+        base = campaign.standings.measured_baseline()
+        inert = set(base.inertKnobs)  # knobs the build says change nothing for this model
         choices = {
-            name: list(knob.choices_on(campaign.settings.hardware)) for name, knob in spec.knobs.items()
+            name: [knob.default] if name in inert else list(knob.choices_on(campaign.settings.hardware))
+            for name, knob in spec.knobs.items()
         }
         for name, knob in spec.knobs.items():  # a value that needs one this device leaves out is out too
             if any(not any(v == c for c in choices[other]) for other, v in knob.requires.items()):
@@ -303,7 +308,6 @@ class SearchAgent:
             return "the base build declares no knobs, so there is nothing to search"
         self._defaults = defaults
         self._configs[self._base_id] = defaults
-        base = campaign.standings.measured_baseline()
         rng = np.random.default_rng([self.seed, campaign.settings.sandbox])
         everything = space(defaults, choices, requires, seed=self.seed)
         mine = [

@@ -177,6 +177,9 @@ class ExperimentRecord(StrictModel):
     name: str = ""
     description: str = ""
     knobs: dict[str, Any] = Field(default_factory=dict)
+    inertKnobs: list[str] = Field(default_factory=list)
+    """Knobs the loaded build says change nothing for this model (its hot path's ``inert_knobs``),
+    such as the MoE knobs on a dense model: a search holds them at their defaults."""
     verification: Verification | None = None
     figures: Figures | None = None
     comparison: PairedComparison | None = None
