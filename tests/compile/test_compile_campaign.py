@@ -528,7 +528,6 @@ class InteractionRunner:
 
     def __init__(self) -> None:
         self.ran: list[dict[str, Any]] = []
-        self.inert: tuple[str, ...] = ()
 
     @staticmethod
     def speed(knobs: dict[str, Any]) -> float:
@@ -546,13 +545,7 @@ class InteractionRunner:
             base_fig = figures(self.speed(read_build(against).defaults()), shift=1)
             comparison = paired(fig, base_fig, build_id(against))
         return ExperimentRecord(
-            build="x",
-            status="passed",
-            verification=VER,
-            figures=fig,
-            comparison=comparison,
-            knobs=knobs,
-            inertKnobs=list(self.inert),
+            build="x", status="passed", verification=VER, figures=fig, comparison=comparison, knobs=knobs
         )
 
 
