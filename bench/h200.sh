@@ -30,7 +30,8 @@
 # 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): three MoE builds (the stacked experts
 #    grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
 #    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline,
-#    each row with its top kernels (--profile-batches); then bench/search_quality.py: a sweep of
+#    each row with its top kernels (--profile-batches; MOE_BATCHES=1,8 then 32 splits it over two
+#    calls); then bench/search_quality.py: a sweep of
 #    the MoE knobs on the fused Triton step and a campaign from the reference on polymorph
 #    compile's --device cuda defaults, head to head with the sweep's best.
 # Results go to $OUT (default bench/results/h200-run/). Needs torch with CUDA, triton and
@@ -149,11 +150,12 @@ moe)
     case "$PART" in all | decode | search) ;; *) echo "bench/h200.sh moe: the part must be decode or search; got $PART" >&2; exit 2 ;; esac
     if [ "$PART" != search ]; then
         echo "$(date -u +%T) moe: decode"
-        python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches 1,8,32 \
-            --compiled-batches 1,8,32 --hf-batches 1,8,32 --engines polymorph,compiled-peer,hf-compiled \
-            --steps 128 --verify --profile-batches 1,8,32 --budget-s "${DECODE_BUDGET_S:-300}" --json \
+        B=${MOE_BATCHES:-1,8,32}  # the peers compile for 75-111 s a batch: MOE_BATCHES=1,8, then 32, fits two calls
+        python3 bench/decode.py --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --batches "$B" \
+            --compiled-batches "$B" --hf-batches "$B" --engines polymorph,compiled-peer,hf-compiled \
+            --steps 128 --verify --profile-batches "$B" --budget-s "${DECODE_BUDGET_S:-300}" --json \
             --knobs "$F,moe_experts=grouped;$F,moe_experts=triton;$F,moe_experts=triton,gemv=triton" \
-            --out "$OUT/decode-$MODEL-$DATE.json" >/dev/null || echo "moe: decode exited $?"
+            --out "$OUT/decode-$MODEL-$DATE${MOE_BATCHES:+-b${MOE_BATCHES//,/-}}.json" >/dev/null || echo "moe: decode exited $?"
     fi
     if [ "$PART" != decode ]; then
         echo "$(date -u +%T) moe: search"
