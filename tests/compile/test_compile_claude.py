@@ -24,6 +24,7 @@ from fake_anthropic import FakeAnthropic, Reply, error, message, result_text, te
 from pairing_support import paired
 
 from polymorph.compile.agents.claude import TOOLS, ClaudeAgent, ToolError, resolve_api_key, safe_path
+from polymorph.compile.agents.claude_context import describe_record
 from polymorph.compile.campaign import Campaign, CampaignSettings
 from polymorph.compile.ledger import CampaignPaths
 from polymorph.contract import timeouts
@@ -350,3 +351,12 @@ def test_compact_elides_old_tool_io_but_keeps_the_shape() -> None:
         messages[-1]["content"][0]["content"] == big and messages[-2]["content"][0]["input"]["content"] == big
     )
     assert [m["content"][0]["tool_use_id"] for m in messages[2::2]] == [f"t{i}" for i in range(10)]
+
+
+def test_the_agent_is_told_which_knobs_change_nothing_for_the_model(tmp_path: Path) -> None:
+    campaign = _campaign(tmp_path)
+    record = ExperimentRecord(build="x", status="passed", inertKnobs=["moe_experts", "moe_routing"])
+    assert "knobs that change nothing for this model: moe_experts, moe_routing" in describe_record(
+        record, campaign
+    )
+    assert "change nothing" not in describe_record(ExperimentRecord(build="x", status="passed"), campaign)
