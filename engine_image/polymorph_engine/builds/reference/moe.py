@@ -15,9 +15,11 @@ showed it never wins: 0.21x the Triton experts on qwen3-30b-a3b's sample workloa
 ``triton`` runs its kernels on decode shapes (at most ``moe_kernels.TUNED_MAX_PAIRS`` pairs)
 and ``grouped`` on prompts, where ``_grouped_mm`` runs: the kernels compute a pair per program,
 GEMV-shaped, and a prompt of thousands of rows wants a tiled GEMM per expert (vLLM's fused_moe
-pads each expert's pairs to blocks of rows for the same reason). On an H100, qwen3-30b-a3b's sample workload ran 6-9% faster
-grouped than with the kernels on its prompts too (paired), though the kernels decode 1.33x faster
-at batch 8 (``bench/results/search-quality-qwen3-30b-a3b-h100-2026-12-06-sweep.json``).
+pads each expert's pairs to blocks of rows for the same reason). On an H100, qwen3-30b-a3b's
+sample workload ran 6-9% faster grouped than with the kernels on its prompts too (paired),
+though the kernels decode 1.33x faster at batch 8
+(``bench/results/search-quality-qwen3-30b-a3b-h100-2026-12-06-sweep.json``); with prompts run
+grouped, the Triton experts lead that workload, 1.31x grouped (``...-b-sweep.json``).
 
 The stacks are the loader's packed expert tensors (``expert_stacks``): no copy of the experts.
 Nothing here knows about caches, attention or scheduling.

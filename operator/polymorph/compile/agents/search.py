@@ -5,9 +5,9 @@ non-default values lack what they ``require`` (build.toml: a knob whose values c
 without another knob's value, such as ``decode_capture`` without ``kv_cache = "static"``),
 which would only duplicate another configuration, and less every value but the default of the
 knobs the baseline's record names inert for the model (``inertKnobs``: the MoE knobs on a
-dense model). Thirteen knobs make thousands of
-combinations, and knobs interact (a fused step's ``prefill`` pays only on the fused step), so
-neither trying them all nor moving one knob at a time finds the best under a deadline.
+dense model). Thirteen knobs make thousands of combinations, and knobs interact (a fused
+step's ``prefill`` pays only on the fused step), so neither trying them all nor moving one knob
+at a time finds the best under a deadline.
 
 Plan (the agent only screens; the campaign's judgement settles the result):
 1. **Screen** by Thompson sampling over a model of the knob effects: log throughput is
