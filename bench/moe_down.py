@@ -10,8 +10,8 @@ H100 put the row kernel at about 56% of copy bandwidth, and gate/up (one program
 block) at about 92% (``bench/results/decode-qwen3-30b-a3b-h100-2026-12-06.json``). This times
 both on qwen3-30b-a3b's expert shapes (tiles tuned as the build tunes them, each kernel
 replayed in a CUDA graph over several layers' stacks so its reads miss L2, as in a captured
-step), with gate/up beside them, and checks that both give the same output. The row kernel is
-kept here, beside the measurement that retired it.
+step; ``gemv.graph_time``, the best of five windows), with gate/up beside them, and checks that
+both give the same output. The row kernel is kept here, beside the measurement that retired it.
 
 Run on the GPU from the source tree: ``PYTHONPATH=operator:engine_image python bench/moe_down.py
 --out bench/results/moe-down-<device>-<date>.json``.
@@ -29,6 +29,7 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
+from gemv import graph_time  # a script beside this one in bench/: its CUDA-graph timer
 from polymorph_engine.builds.reference import moe_kernels as mk
 from polymorph_engine.builds.reference.gemv_kernels import bench_tile, compiling_ahead, fitting_configs
 
@@ -69,30 +70,6 @@ _down_rows_tuned = triton.autotune(
     do_bench=bench_tile,
     cache_results=True,
 )(_down_rows_kernel)
-
-
-def _graphed_us(fn: object, layers: int, replays: int = 50) -> float:
-    """Microseconds per call of ``fn``, replayed in a CUDA graph of ``layers`` calls (each on the
-    next layer's stacks, so the reads miss L2, as in a step), launch overhead excluded."""
-    import torch
-
-    assert callable(fn)
-    for _ in range(layers):
-        fn()  # tunes the tile (outside the capture)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            fn()
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * layers)
 
 
 def main() -> None:
@@ -153,7 +130,7 @@ def main() -> None:
         ("down_rows", down_rows, gbytes["down"]),
         ("down_pairs_summed", down_pairs, gbytes["down"]),
     ):
-        us = _graphed_us(fn, args.layers)
+        us = graph_time(fn, args.layers, replays=50) * 1e6  # a graph of one call per layer's stacks
         rows[name] = {"us": round(us, 2), "gbPerS": round(size / (us / 1e6), 1)}
         print(f"{name:20s} {us:7.2f} us  {size / (us / 1e6):7.1f} GB/s", file=sys.stderr)
     result = {
