@@ -191,7 +191,11 @@ def final_seconds(standings: Standings) -> float:
     than its candidates (qwen3-30b-a3b's MoE loop, 20x) costs its own run, not four: on an H100
     the final pairing took 49 s and the confirmation about 45 s beside a 33 s baseline run."""
     base = standings.baseline
-    return 2 * (base.timings.totalS + typical_seconds(standings)) if base is not None else 0.0
+    return _final_seconds(base.timings.totalS, typical_seconds(standings)) if base is not None else 0.0
+
+
+def _final_seconds(baseline_s: float, typical_s: float) -> float:
+    return 2 * (baseline_s + typical_s)
 
 
 def reserved_experiments(share: int) -> int:
@@ -207,7 +211,9 @@ def reserved_seconds(standings: Standings, deadline_s: float) -> float:
     races (each about a typical experiment that did not time out). At most half the deadline."""
     if standings.baseline is None:
         return 0.0
-    return min(0.5 * deadline_s, final_seconds(standings) + MAX_CONTENDERS * typical_seconds(standings))
+    typical = typical_seconds(standings)  # one pass over the ledger for both terms
+    final = _final_seconds(standings.baseline.timings.totalS, typical)
+    return min(0.5 * deadline_s, final + MAX_CONTENDERS * typical)
 
 
 class SandboxBudget:
