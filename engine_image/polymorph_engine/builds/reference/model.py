@@ -158,6 +158,16 @@ def expert(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Te
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
+def pairs_by_expert(
+    weights: torch.Tensor, chosen: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The T*K (row, expert) pairs of routing weights and chosen experts [T, K], sorted by expert
+    (stable, so each expert's rows stay in order): their rows, weights and experts, each [T*K]."""
+    experts = chosen.flatten()  # row-major: pair i is row i // K
+    order = experts.argsort(stable=True)
+    return order // chosen.shape[1], weights.flatten()[order], experts[order]
+
+
 def experts_loop(
     flat: torch.Tensor,
     weights: torch.Tensor,
@@ -169,10 +179,9 @@ def experts_loop(
     The (row, expert) pairs are sorted by expert (stable, so each expert's rows stay in order)
     and the host reads how many each expert has: one sync per layer, not one per expert."""
     out = torch.zeros_like(flat)
-    pairs = chosen.flatten()  # [T*K], row-major: pair i is row i // K
-    order = pairs.argsort(stable=True)
-    counts = torch.bincount(pairs, minlength=len(experts)).tolist()  # the host reads the selected set
-    rows, w = (order // chosen.shape[1]).split(counts), weights.flatten()[order].split(counts)
+    rows, w, by_expert = pairs_by_expert(weights, chosen)
+    counts = torch.bincount(by_expert, minlength=len(experts)).tolist()  # the host reads the selected set
+    rows, w = rows.split(counts), w.split(counts)
     for e, n in enumerate(counts):
         if n:
             out.index_add_(0, rows[e], expert(flat[rows[e]], *experts[e]) * w[e][:, None])

@@ -149,11 +149,9 @@ class Moe:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The T*K (row, expert) pairs sorted by expert (stable): rows [T*K], their weights
         [T*K], sorted experts [T*K] and offsets [E] (int32: the end of each expert's run)."""
-        experts = chosen.reshape(-1)
-        order = experts.argsort(stable=True)
-        sorted_experts = experts[order]
+        rows, w, sorted_experts = model.pairs_by_expert(weights, chosen)
         ends = torch.searchsorted(sorted_experts, torch.arange(self.e, device=flat.device), right=True)
-        return order // self.k, weights.reshape(-1)[order], sorted_experts, ends.to(torch.int32)
+        return rows, w, sorted_experts, ends.to(torch.int32)
 
     def _grouped(self, flat: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         assert self.w13 is not None and self.w2 is not None

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .gemv_kernels import bench_tile, compiling_ahead, fitting_configs, gemv_configs
+from .model import pairs_by_expert
 
 FIXED_BLOCKS = (32, 64)
 """(BLOCK_N, BLOCK_K) where no tuning runs: prompts, and the interpreter."""
@@ -258,9 +259,7 @@ def fused_moe(
         experts, pair_weights = chosen.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
         rows = experts  # unread: a pair's row is pair // K
     else:
-        order = chosen.reshape(-1).argsort(stable=True)
-        rows, experts = order // k, chosen.reshape(-1)[order].contiguous()
-        pair_weights = weights.reshape(-1)[order].contiguous()
+        rows, pair_weights, experts = pairs_by_expert(weights, chosen)
     launch(
         _gate_up_kernel,
         _gate_up_tuned,
