@@ -26,7 +26,8 @@
 #    HF compiled at the shape's concurrency and mean context, with prefills at its prompt
 #    lengths, and composes each one's tok/s on the shape from those timings. The sweep screens
 #    each point and measures its contenders again by the full protocol (--sweep-screen). PEERS=0
-#    skips the decode step (the peers of an earlier run on the shape stand).
+#    skips the decode step (the peers of an earlier run on the shape stand); SEARCHED=shape=F
+#    skips the search (F's campaign and sweep stand) and goes to the full replays and peers.
 # 5. bench/decode.py on qwen3-30b-a3b (random bf16 weights): three MoE builds (the stacked experts
 #    grouped, in the Triton fused-MoE kernel, and that with the batch-1 GEMV), verified,
 #    beside the MoE compiled peer and HF compiled at batch 1, 8 and 32, against the MoE roofline,
@@ -97,7 +98,7 @@ shapes)
     # positions, llama-8b needs about 70 GB, which an 80 GB card cannot spare. There, long-batch
     # runs at concurrency 16.
     if [ "$DEVICE" = cuda ] && [ "$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)')" -lt 100 ]; then
-        SHAPES=${SHAPES/long-batch/long-batch-16}
+        SHAPES=$(for s in $SHAPES; do if [ "$s" = long-batch ]; then echo long-batch-16; else echo "$s"; fi; done)
         echo "under 100 GiB of device memory: long-batch runs as long-batch-16"
     fi
     for s in $SHAPES; do
@@ -112,17 +113,28 @@ shapes)
             if [ "${pair%%=*}" = "$s" ]; then SWEEP=(--sweep-from "${pair#*=}"); fi
         done
         if [ -n "${SWEEP_ONLY:-}" ]; then SWEEP+=(--sweep-only); fi
-        echo "$(date -u +%T) $s: search ${SWEEP[*]}"
-        timeout "${SHAPE_BUDGET_S:-330}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
-            --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" "${SWEEP[@]}" \
-            ${CAMPAIGN_FLAGS:-} --out "$OUT/search-quality-$MODEL-$s-$DATE.json" >/dev/null || echo "$s: search exited $?"
+        # SEARCHED="shape=RESULT.json,...": that shape's search stands as recorded (a sweep and a
+        # campaign); its kept build and sweep best go straight to the full replays and the peers.
+        RESULT="$OUT/search-quality-$MODEL-$s-$DATE.json"
+        SEARCHED=${SEARCHED:-}
+        for pair in ${SEARCHED//,/ }; do
+            if [ "${pair%%=*}" = "$s" ]; then RESULT=${pair#*=}; fi
+        done
+        if [ "$RESULT" = "$OUT/search-quality-$MODEL-$s-$DATE.json" ]; then
+            echo "$(date -u +%T) $s: search ${SWEEP[*]}"
+            timeout "${SHAPE_BUDGET_S:-330}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
+                --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" "${SWEEP[@]}" \
+                ${CAMPAIGN_FLAGS:-} --out "$RESULT" >/dev/null || echo "$s: search exited $?"
+        else
+            echo "$(date -u +%T) $s: the search recorded in $RESULT stands"
+        fi
         if [ -n "${SWEEP_ONLY:-}" ]; then continue; fi
         KEPT=$(python3 -c '
 import json, sys
 doc = json.load(open(sys.argv[1]))
 sets = [((doc.get("campaign") or {}).get("best") or {}).get("knobs"), ((doc.get("exhaustive") or {}).get("best") or {}).get("config")]
 print(";".join(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()) for s in sets if s))
-' "$OUT/search-quality-$MODEL-$s-$DATE.json" || true)
+' "$RESULT" || true)
         echo "$(date -u +%T) $s: kept ${KEPT:-nothing}; full replays"
         [ -n "$KEPT" ] && python3 bench/fidelity.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
             --shapes "bench/shapes/$s.yaml" --builds "$KEPT" --full-passes 1 \
