@@ -115,12 +115,13 @@ shapes)
         if [ -n "${SWEEP_ONLY:-}" ]; then SWEEP+=(--sweep-only); fi
         # SEARCHED="shape=RESULT.json,...": that shape's search stands as recorded (a sweep and a
         # campaign); its kept build and sweep best go straight to the full replays and the peers.
-        RESULT="$OUT/search-quality-$MODEL-$s-$DATE.json"
+        RESULT=""
         SEARCHED=${SEARCHED:-}
         for pair in ${SEARCHED//,/ }; do
             if [ "${pair%%=*}" = "$s" ]; then RESULT=${pair#*=}; fi
         done
-        if [ "$RESULT" = "$OUT/search-quality-$MODEL-$s-$DATE.json" ]; then
+        if [ -z "$RESULT" ]; then
+            RESULT="$OUT/search-quality-$MODEL-$s-$DATE.json"
             echo "$(date -u +%T) $s: search ${SWEEP[*]}"
             timeout "${SHAPE_BUDGET_S:-330}" python3 bench/search_quality.py --model "$MODEL" --device "$DEVICE" \
                 --dtype "$DTYPE" --workload "bench/shapes/$s.yaml" "${SWEEP[@]}" \
