@@ -93,7 +93,7 @@ fidelity)
     ;;
 shapes)
     MODEL=${MODEL:-llama-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16}  # tiny, cpu, float32: a smoke run
-    SHAPES=${SHAPES:-chat-single chat-default long-batch}
+    SHAPES=${SHAPES:-chat-single chat-default long-batch} SWEEPS=${SWEEPS:-} SEARCHED=${SEARCHED:-}
     # A paired experiment holds two builds, each with its own cache: at concurrency 32 and 4k
     # positions, llama-8b needs about 70 GB, which an 80 GB card cannot spare. There, long-batch
     # runs at concurrency 16.
@@ -101,6 +101,16 @@ shapes)
         SHAPES=$(for s in $SHAPES; do if [ "$s" = long-batch ]; then echo long-batch-16; else echo "$s"; fi; done)
         echo "under 100 GiB of device memory: long-batch runs as long-batch-16"
     fi
+    # SWEEPS and SEARCHED (below) name a shape of this run and a recorded result each.
+    for pair in ${SWEEPS//,/ } ${SEARCHED//,/ }; do
+        if ! [[ " $(echo $SHAPES) " == *" ${pair%%=*} "* ]]; then
+            echo "bench/h200.sh shapes: SWEEPS and SEARCHED name shapes of this run ($(echo $SHAPES)); got '${pair%%=*}'" >&2
+            exit 2
+        elif [ ! -f "${pair#*=}" ]; then
+            echo "bench/h200.sh shapes: SWEEPS and SEARCHED name recorded results; '${pair#*=}' is not a file" >&2
+            exit 2
+        fi
+    done
     for s in $SHAPES; do
         # SWEEPS="shape=RESULT.json,...": that shape's campaign starts from a recorded sweep (its
         # points are not measured again); SWEEP_ONLY=1 measures the sweeps alone (a shape whose
@@ -108,7 +118,6 @@ shapes)
         SWEEP=(--knobs kv_cache,decode_step,kernels,capture_buckets,prefill,gemv --skip kernels=compile
             --anchor kv_cache=static,decode_step=fused,sampling=device,attention=sdpa --sweep-timeout 60
             --sweep-screen)
-        SWEEPS=${SWEEPS:-}
         for pair in ${SWEEPS//,/ }; do
             if [ "${pair%%=*}" = "$s" ]; then SWEEP=(--sweep-from "${pair#*=}"); fi
         done
@@ -116,7 +125,6 @@ shapes)
         # SEARCHED="shape=RESULT.json,...": that shape's search stands as recorded (a sweep and a
         # campaign); its kept build and sweep best go straight to the full replays and the peers.
         RESULT=""
-        SEARCHED=${SEARCHED:-}
         for pair in ${SEARCHED//,/ }; do
             if [ "${pair%%=*}" = "$s" ]; then RESULT=${pair#*=}; fi
         done
